@@ -1,0 +1,188 @@
+"""Rollouts: sample completions with ``generate`` and pack them, with their scores, into a :class:`Batch`.
+
+Every chapter's training step reads the same Batch, so GRPO, PPO and their variants differ only in the
+functions that turn a Batch into advantages and a loss. Token axis convention: ``logprobs[:, t]`` is the
+log-probability of ``input_ids[:, t]`` given ``input_ids[:, :t]`` (so column 0 is always 0, and the
+log-prob of a token lives at the token's own position, where its ``loss_mask`` is).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+
+import torch
+
+from .envs.base import Problem, Task
+from .losses import entropy_from_logits, token_logprobs
+
+__all__ = ["Batch", "encode_prompts", "sequence_logprobs", "generate_batch", "build_sft_batch"]
+
+
+@dataclass
+class Batch:
+    """One padded tensor per field; shape ``[B, T]`` unless noted.
+
+    - ``input_ids``, ``attention_mask``: prompt + completion, prompts left-padded, completions
+      right-padded after their EOS.
+    - ``loss_mask``: 1 only on tokens the policy generated (including its EOS); 0 on prompt, padding,
+      and (multi-turn) environment or tool tokens.
+    - ``old_logprobs``: log pi_old of each token at sampling time (at ``temperature``).
+    - ``ref_logprobs``: log pi_ref, only when a KL term is used (``beta > 0``).
+    - ``token_rewards``: the sequence reward placed on the last generated token, 0 elsewhere.
+    - ``values``: critic values, when a critic is used (PPO chapter).
+    - ``group_id`` ``[B]``: rows with the same id answer the same prompt (a GRPO group).
+    - ``correct``, ``format_ok`` ``[B]`` (bool) and ``completions`` (list of str): for metrics and reading.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor
+    token_rewards: torch.Tensor
+    group_id: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
+    ref_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    correct: torch.Tensor | None = None
+    format_ok: torch.Tensor | None = None
+    completions: list[str] = field(default_factory=list)
+
+    @property
+    def scores(self) -> torch.Tensor:
+        """One reward per row, ``[B]`` (the sum of its token rewards)."""
+        return self.token_rewards.sum(-1)
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    def to(self, device) -> "Batch":
+        moved = {f.name: getattr(self, f.name) for f in fields(self)}
+        for k, v in moved.items():
+            if isinstance(v, torch.Tensor):
+                moved[k] = v.to(device)
+        return Batch(**moved)
+
+
+def encode_prompts(tokenizer, prompts: list[str], device=None) -> dict[str, torch.Tensor]:
+    """Left-padded ``input_ids`` and ``attention_mask`` for a list of prompt strings."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+
+
+def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    # Positions count only real tokens, so a left-padded prompt sees the same positions as unpadded:
+    # the same rule ``generate`` uses, so training log-probs match sampling log-probs exactly.
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def sequence_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+):
+    """Per-token log-probs ``[B, T]`` (column 0 is 0) of ``input_ids`` under ``model`` at ``temperature``.
+
+    With ``with_entropy=True`` also returns the entropy ``[B, T]`` of the distribution each token was
+    drawn from. Gradients flow unless called under ``torch.no_grad()``.
+    """
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask))
+    logits = out.logits[:, :-1] / temperature
+    logp = token_logprobs(logits, input_ids[:, 1:])
+    logp = torch.nn.functional.pad(logp, (1, 0), value=0.0)
+    if not with_entropy:
+        return logp
+    ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0), value=0.0)
+    return logp, ent
+
+
+def _completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """1 on completion tokens up to and including the first EOS; and whether each row hit no EOS."""
+    is_eos = completion_ids == eos_token_id
+    # position of the first EOS, or the full width when there is none (a truncated completion)
+    width = completion_ids.shape[1]
+    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], width, dtype=torch.long))
+    idx = torch.arange(width, device=completion_ids.device).unsqueeze(0)
+    mask = (idx <= first_eos.unsqueeze(1)).long()
+    truncated = ~is_eos.any(1)
+    return mask, truncated
+
+
+@torch.no_grad()
+def generate_batch(
+    model,
+    tokenizer,
+    task: Task,
+    problems: list[Problem],
+    *,
+    num_generations: int = 1,
+    max_completion_length: int = 8,
+    temperature: float = 1.0,
+    greedy: bool = False,
+    ref_model=None,
+    compute_old_logprobs: bool = True,
+) -> Batch:
+    """Sample ``num_generations`` completions per problem and score them into a Batch.
+
+    Rows ``i*G .. i*G+G-1`` answer ``problems[i]`` and share ``group_id == i``. Sampling is plain
+    ancestral sampling at ``temperature`` (no top-k/top-p), with the KV cache on. A completion that hits
+    ``max_completion_length`` without EOS is *truncated*: all its tokens stay in ``loss_mask`` and the
+    task scores it as a format failure.
+    """
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    prompts = [p.prompt for p in problems for _ in range(num_generations)]
+    enc = encode_prompts(tokenizer, prompts, device)
+    gen_kwargs = dict(max_new_tokens=max_completion_length, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    if greedy:
+        gen_kwargs.update(do_sample=False)
+    else:
+        gen_kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    sequences = model.generate(**enc, **gen_kwargs)
+    prompt_len = enc["input_ids"].shape[1]
+    completion_ids = sequences[:, prompt_len:]
+    completion_mask, truncated = _completion_mask(completion_ids, tokenizer.eos_token_id)
+    completion_ids = torch.where(completion_mask.bool(), completion_ids, torch.full_like(completion_ids, tokenizer.pad_token_id))
+    input_ids = torch.cat([enc["input_ids"], completion_ids], dim=1)
+    attention_mask = torch.cat([enc["attention_mask"], completion_mask], dim=1)
+    loss_mask = torch.cat([torch.zeros_like(enc["attention_mask"]), completion_mask], dim=1)
+
+    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    scores = [task.score(problems[i // num_generations], texts[i], truncated=bool(truncated[i])) for i in range(len(texts))]
+    rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=device)
+    # The sequence reward sits on the last generated token (the EOS, or the last token if truncated).
+    last = prompt_len + completion_mask.sum(1) - 1
+    token_rewards = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
+    token_rewards[torch.arange(len(texts), device=device), last] = rewards
+
+    batch = Batch(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        loss_mask=loss_mask,
+        token_rewards=token_rewards,
+        group_id=torch.arange(len(problems), device=device).repeat_interleave(num_generations),
+        correct=torch.tensor([s.correct for s in scores], device=device),
+        format_ok=torch.tensor([s.format_ok for s in scores], device=device),
+        completions=texts,
+    )
+    if compute_old_logprobs:
+        batch.old_logprobs = sequence_logprobs(model, input_ids, attention_mask, temperature=temperature) * loss_mask
+    if ref_model is not None:
+        batch.ref_logprobs = sequence_logprobs(ref_model, input_ids, attention_mask, temperature=temperature) * loss_mask
+    model.train(was_training)
+    return batch
+
+
+def build_sft_batch(tokenizer, prompts: list[str], completions: list[str], device=None) -> Batch:
+    """Teacher-forced batch: prompt + completion + EOS, with ``loss_mask`` on the completion and EOS only."""
+    enc_p = tokenizer(prompts)["input_ids"]
+    rows, masks = [], []
+    for p_ids, completion in zip(enc_p, completions):
+        c_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        rows.append(p_ids + c_ids)
+        masks.append([0] * len(p_ids) + [1] * len(c_ids))
+    width = max(len(r) for r in rows)
+    pad = tokenizer.pad_token_id
+    # right-pad: teacher forcing needs no left alignment, and positions then start at 0 for every row
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
+    attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
+    loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], device=device)
+    zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
+    return Batch(input_ids, attention_mask, loss_mask, zeros, torch.arange(len(rows), device=device))

@@ -1,0 +1,405 @@
+"""Training: the SFT warm start and the GRPO loop, with metrics, checkpoints and a NaN guard (once, here).
+
+The GRPO step is the design's data path, one line each::
+
+    batch = self.rollout()                          # sample G completions per prompt, score them
+    advantages = self.compute_advantages(batch)     # [B, T]: group-normalised, broadcast to tokens
+    loss, metrics = self.compute_loss(batch, advantages)   # clipped surrogate + beta * KL
+    optimizer step (gradient clipping, NaN guard)
+
+Later chapters subclass :class:`GRPOTrainer` and override ``compute_advantages`` or ``compute_loss``.
+
+Metric dictionary (one row per GRPO step in ``history`` and ``metrics.csv``; TRL's names where TRL has
+the metric):
+
+=======================  ==================================================================================
+``step``                 GRPO step (1-based)
+``reward_mean``          mean reward of the sampled completions (exact match + format)
+``reward_std``           std of those rewards over the whole batch
+``accuracy``             fraction of sampled completions that are exactly right (pass@1 at temperature)
+``format_rate``          fraction of completions that are well formed
+``frac_reward_zero_std`` fraction of groups whose rewards are all equal: they give zero advantage, no gradient
+``completion_length``    mean generated tokens per completion (EOS included)
+``loss``                 the minimised loss (clipped surrogate + beta * KL); near 0 by construction, see chapter
+``kl``                   k3 estimate of KL(pi || pi_ref) on generated tokens (pi_ref = the policy GRPO started from)
+``entropy``              mean entropy (nats) of the policy's next-token distribution on generated tokens
+``clip_ratio``           fraction of generated tokens whose probability ratio was clipped
+``grad_norm``            gradient norm before clipping
+``tokens_per_s``         generated tokens per second of rollout (sampling only)
+``step_time``            wall seconds of the whole step
+``skipped``              1 if the NaN/inf guard skipped this update
+=======================  ==================================================================================
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import os
+import random
+import time
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from .advantages import group_advantages
+from .config import GRPOConfig
+from .envs import make_task
+from .losses import aggregate, kl_penalty, policy_loss
+from .models import add_lora, build_model, build_tokenizer, count_parameters, get_device, load_pretrained
+from .rollout import Batch, build_sft_batch, generate_batch, sequence_logprobs
+from .utils import seed_everything
+
+__all__ = ["GRPOTrainer", "evaluate", "sft_step", "write_csv", "run_grpo"]
+
+CHECKPOINT = "checkpoint.pt"
+
+
+@contextmanager
+def _fixed_rng(seed: int, device: torch.device):
+    """Run a block with its own torch RNG stream, leaving the caller's stream untouched."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+@torch.no_grad()
+def evaluate(model, tokenizer, task, problems, *, samples: int = 4, temperature: float = 1.0, max_completion_length: int = 8, seed: int = 1234, chunk: int = 512) -> dict:
+    """Greedy accuracy, sampled accuracy (``samples`` draws per problem at ``temperature``) and format rate.
+
+    Sampling uses its own seeded RNG stream, so evaluating does not change a training run, and the same
+    problems and seed give the same numbers before and after training.
+    """
+    device = next(model.parameters()).device
+    out = {}
+    with _fixed_rng(seed, device):
+        for name, greedy, g in (("greedy", True, 1), ("sampled", False, samples)):
+            correct, fmt, n = 0, 0, 0
+            step = max(1, chunk // g)
+            for i in range(0, len(problems), step):
+                b = generate_batch(model, tokenizer, task, problems[i : i + step], num_generations=g, max_completion_length=max_completion_length,
+                                   temperature=temperature, greedy=greedy, compute_old_logprobs=False)
+                correct += int(b.correct.sum())
+                fmt += int(b.format_ok.sum())
+                n += len(b)
+            out[f"{name}_accuracy"] = correct / n
+            out[f"{name}_format_rate"] = fmt / n
+    return out
+
+
+def sft_step(model, optimizer, batch: Batch, *, max_grad_norm: float = 1.0) -> float:
+    """One teacher-forcing step: cross-entropy on the completion tokens only (``loss_mask``)."""
+    logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+    loss = aggregate(-logprobs, batch.loss_mask, "token-mean")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
+    optimizer.step()
+    return loss.item()
+
+
+def write_csv(rows: list[dict], path: str) -> None:
+    """Write a list of metric dicts as CSV (columns: the union of keys, in first-seen order)."""
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=cols)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
+
+
+class GRPOTrainer:
+    """SFT warm start, then GRPO, from one :class:`GRPOConfig`.
+
+    ``GRPOTrainer(config)`` builds the task, tokenizer and model; pass ``model`` and ``tokenizer`` to start
+    from an existing policy (e.g. a copy of an SFT'd model, with ``sft_steps=0``). ``train()`` runs
+    whatever is left of the run and resumes from ``output_dir/checkpoint.pt`` when one exists.
+    """
+
+    def __init__(self, config: GRPOConfig, *, model=None, tokenizer=None, task=None):
+        self.config = config
+        self.device = get_device(config.device)
+        self.task = task or make_task(config.task, **self._task_kwargs())
+        seed_everything(config.seed)
+        if model is None:
+            model, tokenizer = self._build_policy()
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer together with the model")
+        self.model = model.to(self.device)
+        self.tokenizer = tokenizer
+        self.ref_model = None
+        self.problem_rng = random.Random(config.seed)  # training problems (its state is checkpointed)
+        # A fixed held-out set, drawn from its own stream so it never depends on the training seed's draws.
+        self.eval_problems = self.task.sample(config.eval_size, random.Random(10_000 + config.seed))
+        self.phase = "sft" if config.sft_steps > 0 else "grpo"
+        self.step = 0  # steps done in the current phase
+        self.sft_history: list[dict] = []
+        self.history: list[dict] = []
+        self.evals: dict[str, dict] = {}
+        self.optimizer = self._make_optimizer()
+        self.wall_time = 0.0
+
+    # ------------------------------------------------------------------ construction
+    def _task_kwargs(self) -> dict:
+        c = self.config
+        return dict(digits=c.digits, teacher_error_rate=c.teacher_error_rate, format_weight=c.format_weight) if c.task == "addition" else {}
+
+    def _build_policy(self):
+        c = self.config
+        if c.model_name_or_path:
+            model, tokenizer = load_pretrained(c.model_name_or_path)
+        else:
+            tokenizer = build_tokenizer(self.task.vocabulary())
+            model = build_model(tokenizer, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
+                                num_key_value_heads=c.num_key_value_heads, intermediate_size=c.intermediate_size, seed=c.seed)
+        if c.use_lora:
+            model = add_lora(model, r=c.lora_r, lora_alpha=c.lora_alpha)
+        return model, tokenizer
+
+    def _make_optimizer(self):
+        lr = self.config.sft_learning_rate if self.phase == "sft" else self.config.learning_rate
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+    def _start_grpo(self):
+        """Switch from SFT to GRPO: fresh optimizer; freeze a copy of the policy as pi_ref."""
+        self.phase, self.step = "grpo", 0
+        self.optimizer = self._make_optimizer()
+        self._make_ref_model()
+
+    def _make_ref_model(self):
+        # pi_ref is the policy GRPO starts from. It is kept even when beta = 0, to log the KL drift
+        # (one extra forward pass per step, a few percent of a tiny model's step).
+        self.ref_model = copy.deepcopy(self.model).eval()
+        for p in self.ref_model.parameters():
+            p.requires_grad_(False)
+
+    @property
+    def num_parameters(self) -> int:
+        return count_parameters(self.model)
+
+    # ------------------------------------------------------------------ SFT
+    def sft(self, steps: int | None = None) -> list[dict]:
+        """Teacher-forcing on the task's (noisy) demonstrations, until ``sft_steps`` steps are done."""
+        c = self.config
+        target = c.sft_steps if steps is None else min(c.sft_steps, self.step + steps)
+        bar = tqdm(total=c.sft_steps, initial=self.step, desc="SFT", disable=c.disable_tqdm, leave=False)
+        self.model.train()
+        while self.phase == "sft" and self.step < target:
+            problems = self.task.sample(c.sft_batch_size, self.problem_rng)
+            demos = [self.task.demonstration(p, self.problem_rng) for p in problems]
+            batch = build_sft_batch(self.tokenizer, [p.prompt for p in problems], demos, self.device)
+            loss = sft_step(self.model, self.optimizer, batch, max_grad_norm=c.max_grad_norm)
+            self.step += 1
+            self.sft_history.append({"step": self.step, "loss": loss})
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}")
+            self._maybe_checkpoint()
+        bar.close()
+        if self.phase == "sft" and self.step >= c.sft_steps:
+            self._start_grpo()
+            self.save_checkpoint()
+        return self.sft_history
+
+    # ------------------------------------------------------------------ GRPO
+    def rollout(self) -> Batch:
+        """Sample ``num_generations`` completions for each of ``prompts_per_step`` fresh prompts."""
+        c = self.config
+        problems = self.task.sample(c.prompts_per_step, self.problem_rng)
+        return generate_batch(self.model, self.tokenizer, self.task, problems, num_generations=c.num_generations,
+                              max_completion_length=c.max_completion_length, temperature=c.temperature, ref_model=self.ref_model)
+
+    def compute_advantages(self, batch: Batch) -> torch.Tensor:
+        """GRPO (eq. grpo-adv): one group-normalised scalar per completion, copied to its tokens ``[B, T]``."""
+        adv = group_advantages(batch.scores, batch.group_id, scale=self.config.scale_rewards)
+        return adv[:, None] * batch.loss_mask
+
+    def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        """Clipped surrogate (eq. grpo-obj) plus ``beta`` times the KL estimate, aggregated by ``loss_type``."""
+        c = self.config
+        logprobs, entropy = sequence_logprobs(self.model, batch.input_ids, batch.attention_mask, temperature=c.temperature, with_entropy=True)
+        norm = float(c.max_completion_length)  # the constant L of seq-mean-token-sum-norm (Dr. GRPO)
+        loss, metrics = policy_loss(logprobs, batch.old_logprobs, advantages, batch.loss_mask, epsilon=c.epsilon,
+                                    epsilon_high=c.epsilon_high, dual_clip=c.dual_clip, agg=c.agg_mode, norm_constant=norm)
+        if c.beta > 0:
+            kl = kl_penalty(logprobs, batch.ref_logprobs, c.kl_estimator)
+            loss = loss + c.beta * aggregate(kl, batch.loss_mask, c.agg_mode, norm_constant=norm)
+        metrics["entropy"] = aggregate(entropy.detach(), batch.loss_mask, "token-mean").item()
+        return loss, metrics
+
+    def _optimizer_step(self, loss: torch.Tensor) -> tuple[float, bool]:
+        """Backward, clip, step; skip the update (and say so) if the loss or gradient is not finite."""
+        self.optimizer.zero_grad(set_to_none=True)
+        if not torch.isfinite(loss):
+            warnings.warn(f"GRPO step {self.step + 1}: loss is {loss.item()}; skipped this update", RuntimeWarning, stacklevel=2)
+            return float("nan"), True
+        loss.backward()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm).item()
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            warnings.warn(f"GRPO step {self.step + 1}: gradient norm is {grad_norm}; skipped this update", RuntimeWarning, stacklevel=2)
+            return grad_norm, True
+        self.optimizer.step()
+        return grad_norm, False
+
+    def grpo_step(self) -> dict:
+        """One GRPO step: rollout, advantages, ``num_iterations`` gradient steps on the same batch."""
+        c = self.config
+        if self.ref_model is None:
+            self._make_ref_model()
+        t0 = time.perf_counter()
+        batch = self.rollout()
+        t_rollout = time.perf_counter() - t0
+        advantages = self.compute_advantages(batch)
+        self.model.train()
+        skipped = 0
+        for it in range(c.num_iterations):
+            loss, m = self.compute_loss(batch, advantages)
+            grad_norm, skip = self._optimizer_step(loss)
+            skipped += int(skip)
+            if it == 0:
+                first = dict(m, loss=loss.item(), grad_norm=grad_norm)
+            first["clip_ratio"] = m["clip_ratio"]  # the last iteration's, where clipping can act
+        self.step += 1
+        scores, gid = batch.scores, batch.group_id
+        _, counts = torch.unique(gid, return_counts=True)
+        zero_std = sum(bool((scores[gid == g] == scores[gid == g][0]).all()) for g in torch.unique(gid))
+        gen_tokens = int(batch.loss_mask.sum())
+        row = {
+            "step": self.step,
+            "reward_mean": scores.mean().item(),
+            "reward_std": scores.std().item(),
+            "accuracy": batch.correct.float().mean().item(),
+            "format_rate": batch.format_ok.float().mean().item(),
+            "frac_reward_zero_std": zero_std / len(counts),
+            "completion_length": gen_tokens / len(batch),
+            "loss": first["loss"],
+            "kl": aggregate(kl_penalty(batch.old_logprobs, batch.ref_logprobs, "k3"), batch.loss_mask, "token-mean").item(),
+            "entropy": first["entropy"],
+            "clip_ratio": first["clip_ratio"],
+            "grad_norm": first["grad_norm"],
+            "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+            "step_time": time.perf_counter() - t0,
+            "skipped": skipped,
+        }
+        self.history.append(row)
+        return row
+
+    def train(self) -> dict:
+        """Run what is left of the run (SFT, evaluation, GRPO, evaluation) and return the summary.
+
+        Resumes from ``output_dir/checkpoint.pt`` when ``resume`` is on and the file exists.
+        """
+        c = self.config
+        t_start = time.perf_counter()
+        if c.output_dir and c.resume and os.path.exists(os.path.join(c.output_dir, CHECKPOINT)):
+            self.load_checkpoint(os.path.join(c.output_dir, CHECKPOINT))
+        if self.phase == "sft":
+            self.sft()
+        if "before" not in self.evals:
+            self.evals["before"] = self.evaluate()
+            self.save_checkpoint()
+        bar = tqdm(total=c.max_steps, initial=self.step, desc="GRPO", disable=c.disable_tqdm, leave=False)
+        while self.step < c.max_steps:
+            row = self.grpo_step()
+            bar.update(1)
+            bar.set_postfix(reward=f"{row['reward_mean']:.3f}", acc=f"{row['accuracy']:.3f}")
+            self._maybe_checkpoint()
+        bar.close()
+        self.evals["after"] = self.evaluate()
+        self.wall_time += time.perf_counter() - t_start
+        self.save_checkpoint()
+        return self.summary()
+
+    def evaluate(self) -> dict:
+        c = self.config
+        return evaluate(self.model, self.tokenizer, self.task, self.eval_problems, samples=c.eval_samples, temperature=c.temperature,
+                        max_completion_length=c.max_completion_length, seed=c.seed + 1234)
+
+    def summary(self) -> dict:
+        """The run's before/after evaluation (``*_before`` / ``*_after`` keys), cost and config."""
+        out = {"task": self.config.task, "profile": self.config.profile, "seed": self.config.seed,
+               "num_parameters": self.num_parameters, "grpo_steps": self.step if self.phase == "grpo" else 0,
+               "accuracy_definition": "sampled_accuracy: exact-match rate of samples at the training temperature (pass@1); greedy_accuracy: of greedy decoding"}
+        for when, ev in self.evals.items():
+            for k, v in ev.items():
+                out[f"{k}_{when}"] = v
+        if "before" in self.evals and "after" in self.evals:
+            out["accuracy_before"] = self.evals["before"]["sampled_accuracy"]
+            out["accuracy_after"] = self.evals["after"]["sampled_accuracy"]
+        out["wall_time_s"] = self.wall_time
+        out["config"] = self.config.to_dict()
+        return out
+
+    # ------------------------------------------------------------------ checkpoints
+    def _maybe_checkpoint(self):
+        if self.config.save_steps and self.step % self.config.save_steps == 0:
+            self.save_checkpoint()
+
+    def save_checkpoint(self, path: str | None = None) -> str | None:
+        """Everything needed to continue bit-for-bit: weights, optimizer, RNG streams, histories, evals."""
+        if path is None:
+            if not self.config.output_dir:
+                return None
+            os.makedirs(self.config.output_dir, exist_ok=True)
+            path = os.path.join(self.config.output_dir, CHECKPOINT)
+        state = {
+            "phase": self.phase, "step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
+            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None, "problems": self.problem_rng.getstate()},
+            "sft_history": self.sft_history, "history": self.history, "evals": self.evals, "wall_time": self.wall_time,
+            "config": self.config.to_dict(),
+        }
+        tmp = path + ".tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written checkpoint
+        if self.config.output_dir and os.path.dirname(os.path.abspath(path)) == os.path.abspath(self.config.output_dir) and self.history:
+            write_csv(self.history, os.path.join(self.config.output_dir, "metrics.csv"))
+        return path
+
+    def load_checkpoint(self, path: str) -> None:
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        saved = {k: v for k, v in state["config"].items() if k not in ("output_dir", "resume", "max_steps", "save_steps", "disable_tqdm", "device")}
+        mine = self.config.to_dict()
+        changed = sorted(k for k, v in saved.items() if mine.get(k) != v)
+        if changed:
+            raise ValueError(f"checkpoint {path} was written with a different config ({', '.join(changed)} differ); "
+                             "use another output_dir or --resume false")
+        self.model.load_state_dict(state["model"])
+        self.phase, self.step = state["phase"], state["step"]
+        self.optimizer = self._make_optimizer()
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state["ref_model"] is not None:
+            self._make_ref_model()
+            self.ref_model.load_state_dict(state["ref_model"])
+        rng = state["rng"]
+        random.setstate(rng["python"])
+        np.random.set_state(rng["numpy"])
+        torch.set_rng_state(rng["torch"].cpu())
+        if rng["cuda"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        self.problem_rng.setstate(rng["problems"])
+        self.sft_history, self.history, self.evals = state["sft_history"], state["history"], state["evals"]
+        self.wall_time = state["wall_time"]
+
+
+def run_grpo(config: GRPOConfig) -> dict:
+    """The GRPO recipe headless: train, then write ``metrics.csv`` and ``summary.json`` to ``output_dir``."""
+    trainer = GRPOTrainer(config)
+    summary = trainer.train()
+    if config.output_dir:
+        os.makedirs(config.output_dir, exist_ok=True)
+        write_csv(trainer.history, os.path.join(config.output_dir, "metrics.csv"))
+        write_csv(trainer.sft_history, os.path.join(config.output_dir, "sft_metrics.csv"))
+        with open(os.path.join(config.output_dir, "summary.json"), "w") as fh:
+            json.dump(summary, fh, indent=2)
+    return summary

@@ -1,0 +1,42 @@
+"""Seeding, threads and quiet logging: set once, at the top of every notebook, test and CLI run."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["seed_everything", "setup", "in_colab"]
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python's ``random``, numpy and torch (CPU and all GPUs)."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def in_colab() -> bool:
+    import sys
+
+    return "google.colab" in sys.modules
+
+
+def setup(seed: int = 0, *, threads: int | None = 1, quiet: bool = True) -> None:
+    """Make a run reproducible: seeds, one torch thread, and no download/progress noise from transformers.
+
+    One thread is both the deterministic choice (bits depend on the thread count) and the fast one on a
+    small shared CPU (two threads on two busy cores oversubscribe OpenMP; see ``reference/stack.md``).
+    Pass ``threads=None`` to leave torch's default.
+    """
+    if threads is not None:
+        torch.set_num_threads(threads)
+    seed_everything(seed)
+    if quiet:
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        hf_logging.set_verbosity_error()
