@@ -43,8 +43,13 @@ import time
 
 import torch
 
+try:
+    import agentic_rl  # noqa: F401
+except ImportError:  # not installed: use the checkout's src/ (src layout)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
+
 from agentic_rl.config import GRPOConfig
-from agentic_rl.models import count_parameters
+from agentic_rl.models import count_parameters, get_device
 from agentic_rl.rollout import build_sft_batch, encode_prompts, generate_batch
 from agentic_rl.train import GRPOTrainer, sft_step
 from agentic_rl.utils import setup
@@ -286,7 +291,6 @@ def main(argv: list[str] | None = None) -> int:
 
     setup(args.seed, threads=args.threads if args.threads > 0 else None)
     profiles = ["quick", "full"] if args.profile == "both" else [args.profile]
-    from agentic_rl.models import get_device
 
     device = get_device(args.device)
     info = machine_info(device)

@@ -31,7 +31,7 @@ class GRPOConfig:
     """Everything one GRPO run needs: task, model, SFT warm start, GRPO, evaluation, bookkeeping."""
 
     # --- run
-    profile: str = _f("quick", "Profile whose values fill the fields you do not set: 'quick' (CPU, minutes) or 'full' (GPU).")
+    profile: str = _f("quick", "Profile: 'quick' (CPU, minutes) or 'full' (GPU). --profile (or GRPOConfig.from_profile) fills the fields you do not set with its values.")
     task: str = _f("addition", "Task name (see agentic_rl.envs.TASKS).")
     seed: int = _f(0, "Seed for python, numpy and torch (model init, problems, sampling).")
     output_dir: str | None = _f(None, "Folder for checkpoint.pt, metrics.csv and summary.json (None: keep nothing on disk).")
@@ -64,6 +64,7 @@ class GRPOConfig:
     learning_rate: float = _f(1e-4, "GRPO learning rate (AdamW).")
     beta: float = _f(0.0, "KL coefficient. 0 (TRL's default) loads no reference model; DeepSeekMath used 0.04.")
     kl_estimator: str = _f("k3", "KL estimator in the loss: 'k1', 'k2' or 'k3' (DeepSeekMath and TRL use k3).")
+    log_kl: bool = _f(True, "Keep pi_ref and log the KL to it even when beta = 0 (one extra forward pass per step).")
     epsilon: float = _f(0.2, "Lower clip range: ratios below 1 - epsilon are clipped.")
     epsilon_high: float | None = _f(None, "Upper clip range (DAPO's clip-higher). None: equal to epsilon.")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (verl clip_ratio_c). None: off.")
@@ -212,7 +213,8 @@ def config_from_args(cls, argv: list[str] | None, prog: str):
     pre.add_argument("--profile", default="quick")
     known, _ = pre.parse_known_args(argv)
     if known.profile not in PROFILES:
-        raise SystemExit(f"{prog}: error: profile: unknown profile {known.profile!r}; choose one of {sorted(PROFILES)}")
+        pre.prog = prog
+        pre.error(f"profile: unknown profile {known.profile!r}; choose one of {sorted(PROFILES)}")
     parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
     add_dataclass_arguments(parser, cls, PROFILES[known.profile])
     given = vars(parser.parse_args(argv))

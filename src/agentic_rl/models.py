@@ -53,7 +53,7 @@ def build_tokenizer(words: Iterable[str], *, extra_special_tokens: Iterable[str]
     """
     extra = [t for t in extra_special_tokens if t not in SPECIAL_TOKENS]
     specials = SPECIAL_TOKENS + extra
-    vocab_words = sorted(set(words) | set(CHAT_WORDS) - set(specials))
+    vocab_words = sorted((set(words) | set(CHAT_WORDS)) - set(specials))
     for w in vocab_words:
         if not w or any(c.isspace() for c in w):
             raise ValueError(f"vocabulary words must be non-empty and contain no whitespace, got {w!r}")
@@ -136,7 +136,8 @@ def load_pretrained(name_or_path: str, *, device: torch.device | str | None = No
     tiny model saved to a folder. The tokenizer gets left padding and a pad token (the EOS token when the
     model has none), and the model a sampling generation config (temperature 1, no top-k/top-p).
     """
-    if not os.path.isdir(name_or_path) and os.environ.get("HF_HUB_OFFLINE") == "1":
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    if not os.path.isdir(name_or_path) and offline:
         raise FileNotFoundError(f"{name_or_path!r} is not a local folder and HF_HUB_OFFLINE=1: cannot download it")
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, padding_side="left")
     if tokenizer.pad_token is None:

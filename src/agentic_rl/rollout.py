@@ -144,7 +144,12 @@ def generate_batch(
     attention_mask = torch.cat([enc["attention_mask"], completion_mask], dim=1)
     loss_mask = torch.cat([torch.zeros_like(enc["attention_mask"]), completion_mask], dim=1)
 
-    texts = tokenizer.batch_decode(completion_ids, skip_special_tokens=True)
+    # Score the text of the generated tokens before EOS, special tokens included: a completion that
+    # sampled "<pad>" or "<bos>" in the middle of its answer is malformed, not silently cleaned up.
+    content_mask = completion_mask.clone()
+    ended = ~truncated
+    content_mask[ended.nonzero().squeeze(1), completion_mask[ended].sum(1) - 1] = 0
+    texts = [tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=False) for row, m in zip(completion_ids, content_mask)]
     scores = [task.score(problems[i // num_generations], texts[i], truncated=bool(truncated[i])) for i in range(len(texts))]
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=device)
     # The sequence reward sits on the last generated token (the EOS, or the last token if truncated).
