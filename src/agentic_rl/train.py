@@ -46,7 +46,10 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-from tqdm.auto import tqdm
+
+with warnings.catch_warnings():  # tqdm.auto warns in notebooks without ipywidgets; it falls back to text bars
+    warnings.simplefilter("ignore")
+    from tqdm.auto import tqdm
 
 from .advantages import group_advantages
 from .config import GRPOConfig

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import warnings
 
 import numpy as np
 import torch
@@ -36,6 +37,8 @@ def setup(seed: int = 0, *, threads: int | None = 1, quiet: bool = True) -> None
     seed_everything(seed)
     if quiet:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # tqdm.auto (imported by transformers) warns in a notebook without ipywidgets; text bars are fine
+        warnings.filterwarnings("ignore", message="IProgress not found")
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
