@@ -26,7 +26,7 @@ def test_grpo_help_shows_field_docs():
     r = _run("grpo", "--help")
     assert r.returncode == 0, r.stderr
     out = " ".join(r.stdout.split())  # argparse wraps lines
-    assert "--num-generations" in out and "completions sampled per prompt" in out
+    assert "--num-generations" in out and "rollouts sampled per prompt" in out
     assert "--epsilon-high" in out and "clip-higher" in out
     assert "[default: 8]" in out  # the quick profile's num_generations
 
@@ -47,7 +47,7 @@ def test_unknown_recipe_exits_2():
 
 def test_no_recipe_prints_usage(capsys):
     assert main([]) == 2
-    assert "usage: python -m agentic_rl {grpo}" in capsys.readouterr().out
+    assert "usage: python -m agentic_rl {grpo, ppo}" in capsys.readouterr().out
     assert main(["--help"]) == 0
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import json
 import sys
 
-from .config import GRPOConfig, config_from_args
+from .config import GRPOConfig, PPOConfig, config_from_args
 
-RECIPES = {"grpo": GRPOConfig}
+RECIPES = {"grpo": GRPOConfig, "ppo": PPOConfig}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,11 +26,14 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     recipe, rest = argv[0], argv[1:]
     config = config_from_args(RECIPES[recipe], rest, prog=f"python -m agentic_rl {recipe}")
-    from .train import run_grpo  # heavy imports after argument errors are reported
-    from .utils import setup
+    from .utils import setup  # heavy imports after argument errors are reported
 
     setup(config.seed, threads=1 if config.device in ("auto", "cpu") else None)
-    summary = run_grpo(config)
+    if recipe == "grpo":
+        from .train import run_grpo as run
+    else:
+        from .agent import run_ppo as run
+    summary = run(config)
     shown = {k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items() if k != "config"}
     print(json.dumps(shown, indent=2))
     return 0

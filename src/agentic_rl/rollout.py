@@ -15,7 +15,7 @@ import torch
 from .envs.base import Problem, Task
 from .losses import entropy_from_logits, token_logprobs
 
-__all__ = ["Batch", "encode_prompts", "sequence_logprobs", "generate_batch", "build_sft_batch"]
+__all__ = ["Batch", "encode_prompts", "sequence_logprobs", "generate_batch", "build_segments_batch", "build_sft_batch"]
 
 
 @dataclass
@@ -32,6 +32,9 @@ class Batch:
     - ``values``: critic values, when a critic is used (PPO chapter).
     - ``group_id`` ``[B]``: rows with the same id answer the same prompt (a GRPO group).
     - ``correct``, ``format_ok`` ``[B]`` (bool) and ``completions`` (list of str): for metrics and reading.
+    - ``turn_ids``: multi-turn only; the turn (0, 1, ...) each generated token belongs to, -1 on prompt,
+      observation and padding tokens.
+    - ``extras``: per-row facts a method needs (e.g. ``success``, ``num_turns``, ``truncated``).
     """
 
     input_ids: torch.Tensor
@@ -45,6 +48,8 @@ class Batch:
     correct: torch.Tensor | None = None
     format_ok: torch.Tensor | None = None
     completions: list[str] = field(default_factory=list)
+    turn_ids: torch.Tensor | None = None
+    extras: dict = field(default_factory=dict)
 
     @property
     def scores(self) -> torch.Tensor:
@@ -175,19 +180,34 @@ def generate_batch(
     return batch
 
 
-def build_sft_batch(tokenizer, prompts: list[str], completions: list[str], device=None) -> Batch:
-    """Teacher-forced batch: prompt + completion + EOS, with ``loss_mask`` on the completion and EOS only."""
-    enc_p = tokenizer(prompts)["input_ids"]
-    rows, masks = [], []
-    for p_ids, completion in zip(enc_p, completions):
-        c_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
-        rows.append(p_ids + c_ids)
-        masks.append([0] * len(p_ids) + [1] * len(c_ids))
-    width = max(len(r) for r in rows)
+def build_segments_batch(tokenizer, rows: list[list[tuple[str, bool]]], device=None) -> Batch:
+    """Teacher-forced batch from text segments: ``rows[i]`` is a list of ``(text, trainable)`` pieces.
+
+    The first segment of a row is encoded with the tokenizer's special tokens (BOS), the others without;
+    ``loss_mask`` is 1 exactly on the tokens of trainable segments. A multi-turn demonstration is
+    ``[(obs_0, False), (action_0, True), (obs_1, False), ...]``; a single-turn one is
+    ``[(prompt, False), (completion + EOS, True)]``. Rows are right-padded (teacher forcing needs no left
+    alignment, and positions then start at 0 for every row).
+    """
+    ids_rows, mask_rows = [], []
+    for segments in rows:
+        ids, mask = [], []
+        for k, (text, trainable) in enumerate(segments):
+            piece = tokenizer(text, add_special_tokens=(k == 0))["input_ids"]
+            ids += piece
+            mask += [int(trainable)] * len(piece)
+        ids_rows.append(ids)
+        mask_rows.append(mask)
+    width = max(len(r) for r in ids_rows)
     pad = tokenizer.pad_token_id
-    # right-pad: teacher forcing needs no left alignment, and positions then start at 0 for every row
-    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows], device=device)
-    attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows], device=device)
-    loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in masks], device=device)
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in ids_rows], device=device)
+    attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in ids_rows], device=device)
+    loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in mask_rows], device=device)
     zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
     return Batch(input_ids, attention_mask, loss_mask, zeros, torch.arange(len(rows), device=device))
+
+
+def build_sft_batch(tokenizer, prompts: list[str], completions: list[str], device=None) -> Batch:
+    """Teacher-forced batch: prompt + completion + EOS, with ``loss_mask`` on the completion and EOS only."""
+    eos = tokenizer.eos_token
+    return build_segments_batch(tokenizer, [[(p, False), (f"{c} {eos}", True)] for p, c in zip(prompts, completions)], device)

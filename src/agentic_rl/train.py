@@ -130,7 +130,7 @@ class GRPOTrainer:
     def __init__(self, config: GRPOConfig, *, model=None, tokenizer=None, task=None):
         self.config = config
         self.device = get_device(config.device)
-        self.task = task or make_task(config.task, **self._task_kwargs())
+        self.task = task or self._make_task()
         seed_everything(config.seed)
         if model is None:
             model, tokenizer = self._build_policy()
@@ -140,8 +140,7 @@ class GRPOTrainer:
         self.tokenizer = tokenizer
         self.ref_model = None
         self.problem_rng = random.Random(config.seed)  # training problems (its state is checkpointed)
-        # A fixed held-out set, drawn from its own stream so it never depends on the training seed's draws.
-        self.eval_problems = self.task.sample(config.eval_size, random.Random(10_000 + config.seed))
+        self.eval_problems = self._make_eval_set()
         self.phase = "sft" if config.sft_steps > 0 else "grpo"
         self.step = 0  # steps done in the current phase
         self.sft_history: list[dict] = []
@@ -151,9 +150,14 @@ class GRPOTrainer:
         self.wall_time = 0.0
 
     # ------------------------------------------------------------------ construction
-    def _task_kwargs(self) -> dict:
+    def _make_task(self):
         c = self.config
-        return dict(digits=c.digits, teacher_error_rate=c.teacher_error_rate, format_weight=c.format_weight) if c.task == "addition" else {}
+        kwargs = dict(digits=c.digits, teacher_error_rate=c.teacher_error_rate, format_weight=c.format_weight) if c.task == "addition" else {}
+        return make_task(c.task, **kwargs)
+
+    def _make_eval_set(self):
+        # A fixed held-out set, drawn from its own stream so it never depends on the training seed's draws.
+        return self.task.sample(self.config.eval_size, random.Random(10_000 + self.config.seed))
 
     def _build_policy(self):
         c = self.config
@@ -171,6 +175,18 @@ class GRPOTrainer:
         lr = self.config.sft_learning_rate if self.phase == "sft" else self.config.learning_rate
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """Names of ``compute_loss`` metrics a subclass adds to each history row (none for GRPO)."""
+        return ()
+
+    def _extra_state(self) -> dict:
+        """What a subclass adds to a checkpoint (e.g. a critic)."""
+        return {}
+
+    def _load_extra_state(self, state: dict) -> None:
+        pass
 
     def _start_grpo(self):
         """Switch from SFT to GRPO: fresh optimizer; freeze a copy of the policy as pi_ref."""
@@ -198,10 +214,7 @@ class GRPOTrainer:
         bar = tqdm(total=c.sft_steps, initial=self.step, desc="SFT", disable=c.disable_tqdm, leave=False)
         self.model.train()
         while self.phase == "sft" and self.step < target:
-            problems = self.task.sample(c.sft_batch_size, self.problem_rng)
-            demos = [self.task.demonstration(p, self.problem_rng) for p in problems]
-            batch = build_sft_batch(self.tokenizer, [p.prompt for p in problems], demos, self.device)
-            loss = sft_step(self.model, self.optimizer, batch, max_grad_norm=c.max_grad_norm)
+            loss = sft_step(self.model, self.optimizer, self.sft_batch(), max_grad_norm=c.max_grad_norm)
             self.step += 1
             self.sft_history.append({"step": self.step, "loss": loss})
             bar.update(1)
@@ -212,6 +225,12 @@ class GRPOTrainer:
             self._start_grpo()
             self.save_checkpoint()
         return self.sft_history
+
+    def sft_batch(self) -> Batch:
+        """``sft_batch_size`` fresh teacher demonstrations."""
+        problems = self.task.sample(self.config.sft_batch_size, self.problem_rng)
+        demos = [self.task.demonstration(p, self.problem_rng) for p in problems]
+        return build_sft_batch(self.tokenizer, [p.prompt for p in problems], demos, self.device)
 
     # ------------------------------------------------------------------ GRPO
     def rollout(self) -> Batch:
@@ -253,9 +272,11 @@ class GRPOTrainer:
             warnings.warn(f"GRPO step {self.step + 1}: loss is {loss.item()}; skipped this update", RuntimeWarning, stacklevel=2)
             return float("nan"), True
         loss.backward()
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, self.config.max_grad_norm).item()
-        if not math.isfinite(grad_norm):
+        # Clip each parameter group on its own (the policy; a critic, when there is one); report the policy's.
+        norms = [torch.nn.utils.clip_grad_norm_(g["params"], self.config.max_grad_norm).item() for g in self.optimizer.param_groups]
+        grad_norm = norms[0]
+        if not all(math.isfinite(n) for n in norms):
+            grad_norm = next(n for n in norms if not math.isfinite(n))
             self.optimizer.zero_grad(set_to_none=True)
             warnings.warn(f"GRPO step {self.step + 1}: gradient norm is {grad_norm}; skipped this update", RuntimeWarning, stacklevel=2)
             return grad_norm, True
@@ -263,7 +284,7 @@ class GRPOTrainer:
         return grad_norm, False
 
     def grpo_step(self) -> dict:
-        """One GRPO step: rollout, advantages, ``num_iterations`` gradient steps on the same batch."""
+        """One RL step: rollout, advantages, ``num_iterations`` gradient steps on the same batch."""
         c = self.config
         if self.ref_model is None and (c.beta > 0 or c.log_kl):
             self._make_ref_model()
@@ -302,6 +323,7 @@ class GRPOTrainer:
             "step_time": time.perf_counter() - t0,
             "skipped": skipped,
         }
+        row.update({k: first[k] for k in self.extra_metrics})
         self.history.append(row)
         return row
 
@@ -370,6 +392,7 @@ class GRPOTrainer:
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None, "problems": self.problem_rng.getstate()},
             "sft_history": self.sft_history, "history": self.history, "evals": self.evals, "wall_time": self.wall_time,
             "config": self.config.to_dict(),
+            **self._extra_state(),
         }
         tmp = path + ".tmp"
         torch.save(state, tmp)
@@ -388,6 +411,7 @@ class GRPOTrainer:
                              "use another output_dir or --resume false")
         self.model.load_state_dict(state["model"])
         self.phase, self.step = state["phase"], state["step"]
+        self._load_extra_state(state)  # before the optimizer: a subclass may add parameters (a critic)
         self.optimizer = self._make_optimizer()
         self.optimizer.load_state_dict(state["optimizer"])
         if state["ref_model"] is not None:

@@ -1,11 +1,13 @@
-"""Tasks and environments. ``make_task(name, **kwargs)`` builds one by name."""
+"""Tasks and environments. ``make_task(name, **kwargs)`` / ``make_env(name, **kwargs)`` build one by name."""
 
 from __future__ import annotations
 
 from .arithmetic import AdditionTask
-from .base import Problem, Score, Task
+from .base import MultiTurnEnv, Problem, Score, Task
+from .frozenlake import FrozenLakeEnv
 
 TASKS = {"addition": AdditionTask}
+ENVS = {"frozenlake": FrozenLakeEnv}
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -15,4 +17,11 @@ def make_task(name: str, **kwargs) -> Task:
     return TASKS[name](**kwargs)
 
 
-__all__ = ["AdditionTask", "Problem", "Score", "Task", "TASKS", "make_task"]
+def make_env(name: str, **kwargs) -> MultiTurnEnv:
+    """Build a registered multi-turn environment by name; unknown names raise with the list of known ones."""
+    if name not in ENVS:
+        raise ValueError(f"unknown env {name!r}: known envs are {sorted(ENVS)}")
+    return ENVS[name](**kwargs)
+
+
+__all__ = ["AdditionTask", "ENVS", "FrozenLakeEnv", "MultiTurnEnv", "Problem", "Score", "Task", "TASKS", "make_env", "make_task"]

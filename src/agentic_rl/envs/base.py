@@ -49,3 +49,33 @@ class Task(Protocol):
 
     def score(self, problem: Problem, completion: str, *, truncated: bool = False) -> Score:
         """Score a completion. Must never raise on malformed text: that is a format failure."""
+
+
+@runtime_checkable
+class MultiTurnEnv(Protocol):
+    """A text environment for the multi-turn agent loop (``agentic_rl.multiturn``).
+
+    Turn protocol: every observation ends with the action's opening tag (``<action>``); the policy
+    writes its action and closes it with ``</action>`` (the rollout's stop word); the environment reads
+    the text between the two. ``step`` must never raise on malformed text: a malformed action ends the
+    episode with a format penalty (``info["format_ok"] = False``).
+
+    ``info`` of ``step`` always has ``terminated`` (a terminal state: goal, hole, malformed action),
+    ``truncated`` (the turn limit ended the episode; bootstrapping would be legitimate here),
+    ``format_ok`` and ``success``.
+    """
+
+    name: str
+    max_turns: int
+
+    def vocabulary(self) -> list[str]:
+        """Every word an observation or an action can contain."""
+
+    def reset(self, seed: int) -> str:
+        """Start an episode (the seed fixes everything random about it); return the first observation."""
+
+    def step(self, action_text: str) -> tuple[str, float, bool, dict]:
+        """Apply one action; return ``(observation, reward, done, info)``."""
+
+    def expert_action(self) -> str:
+        """An optimal action from the current state, as text (demonstrations for the SFT warm start)."""

@@ -1,0 +1,252 @@
+"""Multi-turn agents: PPO with a critic and GAE, or GRPO, on a text environment.
+
+:class:`AgentTrainer` is the GRPO trainer with four pieces swapped, and nothing else copied:
+
+- ``rollout``: the multi-turn agent loop (``agentic_rl.multiturn``) instead of single-turn sampling;
+- ``compute_advantages``: GAE over generated tokens with the critic's values (eqs. gae-delta, gae-rec of
+  the GAE chapter), observation tokens skipped inside the recursion; or GRPO's group advantage;
+- ``compute_loss``: the same clipped policy loss, plus the critic's clipped value loss;
+- ``sft_batch`` / ``evaluate``: whole-episode demonstrations and success rates.
+
+The critic is a **separate small model** (:class:`ValueModel`) initialised from the SFT policy's trunk,
+as verl and RAGEN do (a separate critic worker), rather than a value head on the policy itself. Why: a
+shared trunk makes the value loss pull on the policy's features, with a weight (``vf_coef``) that has to
+be tuned against the policy loss; a separate critic costs one more forward/backward of a (here tiny)
+model and keeps the two objectives apart, which is easier to reason about when teaching.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import random
+
+import torch
+from torch import nn
+
+from .advantages import gae, group_advantages, masked_mean, masked_whiten
+from .config import PPOConfig
+from .envs import make_env
+from .losses import aggregate
+from .rollout import Batch, build_segments_batch
+from .train import GRPOTrainer, _fixed_rng, write_csv
+
+__all__ = ["ValueModel", "AgentTrainer", "run_ppo", "evaluate_agent"]
+
+
+class ValueModel(nn.Module):
+    """A critic: a decoder trunk and a scalar head. ``values[:, t]`` = V(state in which token t is chosen).
+
+    The head reads the hidden state *after* token ``t-1``, i.e. the context before token ``t`` — the
+    same alignment as ``sequence_logprobs`` (column 0 is 0). ``forward`` also returns the head on every
+    position (``after[:, t]`` = V(state after token t)), which the bootstrap of a truncated episode needs.
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int):
+        super().__init__()
+        self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)  # V = 0 everywhere at the start: no made-up value estimates
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_policy(cls, policy) -> "ValueModel":
+        """A critic whose trunk is a copy of the policy's (its features already know the task's text)."""
+        base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+        backbone = copy.deepcopy(base.model)
+        for p in backbone.parameters():
+            p.requires_grad_(True)
+        return cls(backbone, base.config.hidden_size)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        after = self.head(hidden).squeeze(-1).float()  # [B, T]: value of the state after each token
+        values = nn.functional.pad(after[:, :-1], (1, 0), value=0.0)
+        return values, after
+
+
+class AgentTrainer(GRPOTrainer):
+    """SFT on demonstrations, then PPO+GAE (``advantage_estimator="gae"``) or GRPO, on a multi-turn env."""
+
+    config: PPOConfig
+
+    def __init__(self, config: PPOConfig, *, model=None, tokenizer=None):
+        self.critic = None
+        super().__init__(config, model=model, tokenizer=tokenizer)
+        if config.advantage_estimator == "gae" and self.phase == "grpo":  # no SFT phase: RL starts now
+            self._make_critic()
+            self.optimizer = self._make_optimizer()
+
+    # ------------------------------------------------------------------ construction
+    def _make_task(self):
+        c = self.config
+        return make_env(c.env, size=c.map_size, is_slippery=c.is_slippery, p_frozen=c.p_frozen, max_turns=c.max_turns)
+
+    def _make_env(self):
+        return self._make_task()
+
+    def _make_eval_set(self):
+        # Held-out episode seeds (maps), disjoint from the training seeds, which are drawn below 10**6.
+        return [10**6 + 10_000 * self.config.seed + i for i in range(self.config.eval_size)]
+
+    def _make_critic(self):
+        self.critic = ValueModel.from_policy(self.model).to(self.device)
+
+    def _make_optimizer(self):
+        opt = super()._make_optimizer()
+        if self.phase == "grpo" and self.critic is not None:
+            opt.add_param_group({"params": list(self.critic.parameters()), "lr": self.config.critic_learning_rate})
+        return opt
+
+    def _start_grpo(self):
+        if self.config.advantage_estimator == "gae":
+            self._make_critic()  # from the SFT policy's trunk, before the RL optimizer is built
+        super()._start_grpo()
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        base = ("num_turns", "success_rate")
+        return base + (("value_loss", "vf_clip_ratio", "explained_variance", "value_mean") if self.critic is not None else ())
+
+    def _extra_state(self) -> dict:
+        return {"critic": self.critic.state_dict() if self.critic is not None else None}
+
+    def _load_extra_state(self, state: dict) -> None:
+        if state.get("critic") is not None:
+            if self.critic is None:
+                self._make_critic()
+            self.critic.load_state_dict(state["critic"])
+
+    # ------------------------------------------------------------------ SFT on demonstrations
+    def sft_batch(self) -> Batch:
+        """Whole expert episodes (some actions replaced at random: ``demo_error_rate``), actions trainable."""
+        c, env = self.config, self.task
+        rows = []
+        for _ in range(c.sft_batch_size):
+            seed = self.problem_rng.randrange(10**6)
+            episode = env.demonstration(seed, self.problem_rng, error_rate=c.demo_error_rate)
+            segments = []
+            for obs, action in episode:
+                segments += [(obs, False), (f"{action} </action>", True)]
+            rows.append(segments)
+        return build_segments_batch(self.tokenizer, rows, self.device)
+
+    # ------------------------------------------------------------------ rollout
+    def _rollout(self, seeds: list[int], *, group_size: int = 1, greedy: bool = False, ref_model=None) -> Batch:
+        from .multiturn import rollout_multiturn
+
+        c = self.config
+        envs = [self._make_env() for _ in range(len(seeds) * group_size)]
+        all_seeds = [s for s in seeds for _ in range(group_size)]
+        group_ids = torch.arange(len(seeds)).repeat_interleave(group_size)
+        return rollout_multiturn(self.model, self.tokenizer, envs, all_seeds, max_turns=c.max_turns, max_action_tokens=c.max_action_tokens,
+                                 temperature=c.temperature, greedy=greedy, group_ids=group_ids, ref_model=ref_model)
+
+    def rollout(self) -> Batch:
+        """``prompts_per_step`` fresh episode seeds, ``num_generations`` episodes each; critic values attached."""
+        c = self.config
+        seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        batch = self._rollout(seeds, group_size=c.num_generations, ref_model=self.ref_model)
+        if batch.old_logprobs is None:
+            raise RuntimeError("the multi-turn rollout must record old log-probs")
+        if self.critic is not None:
+            with torch.no_grad():
+                batch.values, after = self.critic(batch.input_ids, batch.attention_mask)
+            if c.bootstrap_truncated:
+                # Truncation is not termination: the state after the last action still has a value. In a
+                # deterministic env the history fixes that state, so the critic's value *after* the last
+                # generated token is V(s_T); add gamma * V(s_T) to the last reward of truncated episodes.
+                last = _last_generated(batch.loss_mask)
+                rows = torch.arange(len(batch), device=last.device)
+                bootstrap = c.gamma * after[rows, last] * batch.extras["truncated"].to(after.dtype)
+                batch.token_rewards = batch.token_rewards.clone()
+                batch.token_rewards[rows, last] += bootstrap
+        return batch
+
+    # ------------------------------------------------------------------ advantages and loss
+    def compute_advantages(self, batch: Batch) -> torch.Tensor:
+        """GAE on generated tokens (observations skipped), or GRPO's group advantage broadcast to them."""
+        c = self.config
+        mask = batch.loss_mask
+        if c.advantage_estimator == "grpo":
+            adv = group_advantages(batch.scores, batch.group_id, scale=c.scale_rewards)
+            return adv[:, None] * mask
+        advantages, returns = gae(batch.token_rewards, batch.values, mask, gamma=c.gamma, lam=c.lam)
+        batch.extras["returns"] = returns
+        if c.whiten_advantages:
+            advantages = masked_whiten(advantages, mask)
+        return advantages
+
+    def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        loss, metrics = super().compute_loss(batch, advantages)
+        metrics["num_turns"] = batch.extras["num_turns"].float().mean().item()
+        metrics["success_rate"] = batch.extras["success"].float().mean().item()
+        if self.critic is None:
+            return loss, metrics
+        c, mask = self.config, batch.loss_mask
+        returns = batch.extras["returns"]
+        values, _ = self.critic(batch.input_ids, batch.attention_mask)
+        # Clipped value loss (verl compute_value_loss): max of the plain and the clipped squared error.
+        vf_loss_mat = (values - returns) ** 2
+        if c.cliprange_value is not None:
+            clipped = batch.values + (values - batch.values).clamp(-c.cliprange_value, c.cliprange_value)
+            vf_clipped = (clipped - returns) ** 2
+            metrics["vf_clip_ratio"] = masked_mean((vf_clipped > vf_loss_mat).float(), mask).item()
+            vf_loss_mat = torch.maximum(vf_loss_mat, vf_clipped)
+        else:
+            metrics["vf_clip_ratio"] = 0.0
+        value_loss = 0.5 * aggregate(vf_loss_mat, mask, "token-mean")
+        with torch.no_grad():
+            resid = masked_mean((returns - batch.values) ** 2, mask)
+            var = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
+            metrics["explained_variance"] = (1 - resid / var.clamp(min=1e-8)).item()
+            metrics["value_mean"] = masked_mean(batch.values, mask).item()
+        metrics["value_loss"] = value_loss.item()
+        return loss + c.vf_coef * value_loss, metrics
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict:
+        return evaluate_agent(self, self.eval_problems, samples=self.config.eval_samples, seed=self.config.seed + 1234)
+
+    def summary(self) -> dict:
+        out = super().summary()
+        if "before" in self.evals and "after" in self.evals:
+            out["success_before"] = self.evals["before"]["sampled_success"]
+            out["success_after"] = self.evals["after"]["sampled_success"]
+            out.pop("accuracy_before", None), out.pop("accuracy_after", None)
+        out["accuracy_definition"] = "sampled_success: episodes that reach the goal, sampling at the training temperature; greedy_success: greedy actions"
+        return out
+
+
+def _last_generated(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Index of the last token with loss_mask 1 in each row (0 for rows without any)."""
+    idx = torch.arange(loss_mask.shape[1], device=loss_mask.device)
+    return (idx * loss_mask.long()).max(dim=1).values
+
+
+@torch.no_grad()
+def evaluate_agent(trainer: AgentTrainer, seeds: list[int], *, samples: int = 4, seed: int = 1234) -> dict:
+    """Greedy and sampled success rate (and format rate, mean turns) on held-out episode seeds."""
+    out = {}
+    with _fixed_rng(seed, trainer.device):
+        for name, greedy, g in (("greedy", True, 1), ("sampled", False, samples)):
+            b = trainer._rollout(seeds, group_size=g, greedy=greedy)
+            out[f"{name}_success"] = b.extras["success"].float().mean().item()
+            out[f"{name}_format_rate"] = b.format_ok.float().mean().item()
+            out[f"{name}_turns"] = b.extras["num_turns"].float().mean().item()
+    return out
+
+
+def run_ppo(config: PPOConfig) -> dict:
+    """The PPO recipe headless: train, then write ``metrics.csv`` and ``summary.json`` to ``output_dir``."""
+    trainer = AgentTrainer(config)
+    summary = trainer.train()
+    if config.output_dir:
+        os.makedirs(config.output_dir, exist_ok=True)
+        write_csv(trainer.history, os.path.join(config.output_dir, "metrics.csv"))
+        write_csv(trainer.sft_history, os.path.join(config.output_dir, "sft_metrics.csv"))
+        with open(os.path.join(config.output_dir, "summary.json"), "w") as fh:
+            json.dump(summary, fh, indent=2)
+    return summary
