@@ -100,7 +100,7 @@ def test_tiny_real_run_writes_metrics_and_summary(tmp_path):
     for key in ("accuracy_before", "accuracy_after", "wall_time_s", "profile", "sampled_accuracy_before", "greedy_accuracy_after",
                 "num_parameters", "config"):
         assert key in summary
-    assert summary["profile"] == "quick" and summary["grpo_steps"] == 2 and summary["wall_time_s"] > 0
+    assert summary["profile"] == "quick" and summary["rl_steps"] == 2 and summary["wall_time_s"] > 0
     assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1
     assert summary["config"]["num_generations"] == 2 and summary["config"]["output_dir"] == str(out)
     assert (out / "checkpoint.pt").exists()
@@ -108,4 +108,4 @@ def test_tiny_real_run_writes_metrics_and_summary(tmp_path):
         assert len(list(csv.DictReader(fh))) == 20
     # stdout is the summary without the config
     printed = json.loads(r.stdout[r.stdout.index("{"):])
-    assert "config" not in printed and printed["grpo_steps"] == 2
+    assert "config" not in printed and printed["rl_steps"] == 2

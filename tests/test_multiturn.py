@@ -150,13 +150,17 @@ def _replay(batch: Batch, tok, envs_fresh, seeds, *, max_action_tokens, max_turn
             ret += r
             fmt = fmt and info["format_ok"]
             t += 1
-            if done or t >= limit:
+            terminal = done and not info.get("truncated", False)
+            if terminal or ((done or t >= limit) and not obs):
                 break
+            # not ended, or cut by a turn limit: the (final) observation follows, never in the loss
             o = tok(obs, add_special_tokens=False)["input_ids"]
             ids += o
             loss += [0] * len(o)
             turn += [-1] * len(o)
             rew += [0.0] * len(o)
+            if done or t >= limit:
+                break
         n = len(ids)
         T = batch.input_ids.shape[1]
         assert row == ids + [pad] * (T - n), f"row {i}"

@@ -120,7 +120,7 @@ def test_grpo_improves_sampled_accuracy():
     before, after = summary["accuracy_before"], summary["accuracy_after"]
     assert before == summary["sampled_accuracy_before"] and after == summary["sampled_accuracy_after"]
     assert after > before + 0.10, (before, after)
-    assert summary["grpo_steps"] == 40 and len(trainer.history) == 40 and len(trainer.sft_history) == 500
+    assert summary["rl_steps"] == 40 and len(trainer.history) == 40 and len(trainer.sft_history) == 500
     # the SFT warm start learned something (the noisy teacher's gap: greedy well above sampled)
     assert summary["greedy_accuracy_before"] > before
     first, last = trainer.history[:10], trainer.history[-10:]

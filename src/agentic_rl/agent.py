@@ -105,6 +105,14 @@ class AgentTrainer(GRPOTrainer):
             self._make_critic()  # from the SFT policy's trunk, before the RL optimizer is built
         super()._start_grpo()
 
+    headline = ("success", "sampled_success")
+    headline_definition = ("success: fraction of held-out episodes that reach the goal, sampling at the training temperature "
+                           "(= sampled_success); greedy_success: with greedy actions")
+
+    @property
+    def max_generated_tokens(self) -> float:
+        return float(self.config.max_turns * self.config.max_action_tokens)
+
     @property
     def extra_metrics(self) -> tuple[str, ...]:
         base = ("num_turns", "success_rate")
@@ -155,12 +163,14 @@ class AgentTrainer(GRPOTrainer):
             with torch.no_grad():
                 batch.values, after = self.critic(batch.input_ids, batch.attention_mask)
             if c.bootstrap_truncated:
-                # Truncation is not termination: the state after the last action still has a value. In a
-                # deterministic env the history fixes that state, so the critic's value *after* the last
-                # generated token is V(s_T); add gamma * V(s_T) to the last reward of truncated episodes.
+                # Truncation is not termination: the state the episode was cut in still has a value. The
+                # rollout keeps that state's observation at the end of a truncated row, so the critic's
+                # value after the row's last token is V(s_T) (the same kind of position that values every
+                # action); add gamma * V(s_T) to the last reward of truncated episodes (eq. gae-delta).
                 last = _last_generated(batch.loss_mask)
                 rows = torch.arange(len(batch), device=last.device)
-                bootstrap = c.gamma * after[rows, last] * batch.extras["truncated"].to(after.dtype)
+                final = batch.attention_mask.sum(1) - 1
+                bootstrap = c.gamma * after[rows, final] * batch.extras["truncated"].to(after.dtype)
                 batch.token_rewards = batch.token_rewards.clone()
                 batch.token_rewards[rows, last] += bootstrap
         return batch
@@ -209,15 +219,6 @@ class AgentTrainer(GRPOTrainer):
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
         return evaluate_agent(self, self.eval_problems, samples=self.config.eval_samples, seed=self.config.seed + 1234)
-
-    def summary(self) -> dict:
-        out = super().summary()
-        if "before" in self.evals and "after" in self.evals:
-            out["success_before"] = self.evals["before"]["sampled_success"]
-            out["success_after"] = self.evals["after"]["sampled_success"]
-            out.pop("accuracy_before", None), out.pop("accuracy_after", None)
-        out["accuracy_definition"] = "sampled_success: episodes that reach the goal, sampling at the training temperature; greedy_success: greedy actions"
-        return out
 
 
 def _last_generated(loss_mask: torch.Tensor) -> torch.Tensor:

@@ -181,14 +181,20 @@ class PPOConfig(RLConfig):
         "full": dict(
             map_size=6, max_turns=14, hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
             intermediate_size=1024, sft_steps=2000, sft_batch_size=64, max_steps=300, prompts_per_step=128, eval_size=512,
+            max_action_tokens=3,
         ),
     }
 
-    # --- defaults that differ from the GRPO recipe
+    # --- defaults that differ from the GRPO recipe (quick profile: a 125k-parameter model, ~1-2 minutes)
+    hidden_size: int = _f(64, "Tiny model: hidden size.")
+    num_hidden_layers: int = _f(2, "Tiny model: number of decoder layers.")
+    intermediate_size: int = _f(256, "Tiny model: MLP width.")
     num_generations: int = _f(1, "Episodes per seed: 1 for PPO (the critic is the baseline); >= 2 (a group) for the grpo estimator.")
-    prompts_per_step: int = _f(64, "Episode seeds per RL step; the batch holds prompts_per_step * num_generations episodes.")
+    prompts_per_step: int = _f(32, "Episode seeds per RL step; the batch holds prompts_per_step * num_generations episodes.")
     loss_type: str = _f("token-mean", "Loss aggregation (see the GRPO recipe); PPO's usual token-mean by default.")
     sft_steps: int = _f(300, "SFT steps on demonstration episodes before RL (0: skip).")
+    sft_batch_size: int = _f(32, "Demonstration episodes per SFT step.")
+    max_steps: int = _f(60, "RL steps (one rollout batch each).")
     eval_size: int = _f(128, "Held-out episode seeds (maps) for the before/after evaluation.")
     # --- environment
     env: str = _f("frozenlake", "Environment name (see agentic_rl.envs.ENVS).")

@@ -123,7 +123,9 @@ def rollout_multiturn(
     ``max_action_tokens`` tokens. The action text (the turn's tokens without the stop word / EOS,
     special tokens kept) goes to ``env.step``; a malformed or unfinished action is the environment's
     business (it must not raise). An episode ends when the env says ``done`` or after ``max_turns``
-    turns (default: each env's ``max_turns``; stopping earlier than the env marks it truncated).
+    turns (default: each env's ``max_turns``; stopping earlier than the env marks it truncated). A
+    truncated episode keeps its final observation at the end of its row (``loss_mask`` 0): the state it
+    was cut in still has a value, which a critic can bootstrap from; a terminated one has none.
 
     Returns a :class:`~agentic_rl.rollout.Batch`, each row the episode's real token sequence,
     right-padded: ``loss_mask`` 1 exactly on the sampled tokens; ``old_logprobs`` their log-probs at
@@ -263,11 +265,17 @@ def rollout_multiturn(
                     truncated[i] = bool(info.get("truncated", False))
                     terminated[i] = bool(info.get("terminated", not truncated[i]))
                     running[i] = False
+                    if truncated[i] and obs:
+                        # Cut by the turn limit, not ended: keep the final observation (loss_mask 0), so a
+                        # critic can value the state the episode stopped in (bootstrapping).
+                        obs_rows[i] = tokenizer(obs, add_special_tokens=False)["input_ids"]
                 elif num_turns[i] >= limits[i]:
                     truncated[i], terminated[i], running[i] = True, False, False
+                    if obs:  # cut here by the rollout's own limit: keep the final observation too
+                        obs_rows[i] = tokenizer(obs, add_special_tokens=False)["input_ids"]
                 else:
                     obs_rows[i] = tokenizer(obs, add_special_tokens=False)["input_ids"]
-            if any(running):
+            if any(running) or any(obs_rows):
                 buf.append(*_left_pad(obs_rows, pad, device))
     finally:
         model.train(was_training)

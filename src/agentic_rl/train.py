@@ -176,6 +176,16 @@ class GRPOTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
 
+    #: The summary's headline metric: ``(name, evaluation key)``, reported as ``<name>_before/_after``.
+    headline = ("accuracy", "sampled_accuracy")
+    headline_definition = ("accuracy: exact-match rate of samples at the training temperature (pass@1, = sampled_accuracy); "
+                           "greedy_accuracy: of greedy decoding")
+
+    @property
+    def max_generated_tokens(self) -> float:
+        """The most tokens one rollout can generate: the constant L of ``seq-mean-token-sum-norm``."""
+        return float(self.config.max_completion_length)
+
     @property
     def extra_metrics(self) -> tuple[str, ...]:
         """Names of ``compute_loss`` metrics a subclass adds to each history row (none for GRPO)."""
@@ -252,7 +262,7 @@ class GRPOTrainer:
         """Clipped surrogate (eq. grpo-obj) plus ``beta`` times the KL estimate, aggregated by ``loss_type``."""
         c = self.config
         logprobs, entropy = sequence_logprobs(self.model, batch.input_ids, batch.attention_mask, temperature=c.temperature, with_entropy=True)
-        norm = float(c.max_completion_length)  # the constant L of seq-mean-token-sum-norm (Dr. GRPO)
+        norm = self.max_generated_tokens  # the constant L of seq-mean-token-sum-norm (Dr. GRPO)
         old_logprobs = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: rho = 1
         loss, metrics = policy_loss(logprobs, old_logprobs, advantages, batch.loss_mask, epsilon=c.epsilon,
                                     epsilon_high=c.epsilon_high, dual_clip=c.dual_clip, agg=c.agg_mode, norm_constant=norm)
@@ -360,15 +370,16 @@ class GRPOTrainer:
 
     def summary(self) -> dict:
         """The run's before/after evaluation (``*_before`` / ``*_after`` keys), cost and config."""
-        out = {"task": self.config.task, "profile": self.config.profile, "seed": self.config.seed,
-               "num_parameters": self.num_parameters, "grpo_steps": self.step if self.phase == "grpo" else 0,
-               "accuracy_definition": "sampled_accuracy: exact-match rate of samples at the training temperature (pass@1); greedy_accuracy: of greedy decoding"}
+        out = {"task": self.task.name, "profile": self.config.profile, "seed": self.config.seed,
+               "num_parameters": self.num_parameters, "rl_steps": self.step if self.phase == "grpo" else 0,
+               "definition": self.headline_definition}
         for when, ev in self.evals.items():
             for k, v in ev.items():
                 out[f"{k}_{when}"] = v
+        name, key = self.headline
         if "before" in self.evals and "after" in self.evals:
-            out["accuracy_before"] = self.evals["before"]["sampled_accuracy"]
-            out["accuracy_after"] = self.evals["after"]["sampled_accuracy"]
+            out[f"{name}_before"] = self.evals["before"][key]
+            out[f"{name}_after"] = self.evals["after"][key]
         out["wall_time_s"] = self.wall_time
         out["config"] = self.config.to_dict()
         return out

@@ -11,7 +11,8 @@ the tag with ``</action>``; the rollout cuts the text at that stop word and hand
 
 Turn protocol (``base.MultiTurnEnv``): ``reset(seed)`` -> first observation; then per turn
 ``step(action_text)`` -> ``(observation, reward, done, info)``, where the observation is the new grid plus
-`` <action>`` while the episode goes on and ``""`` once it is over. Stepping after the end raises.
+`` <action>`` while the episode goes on (and when the turn limit cuts it: that state still exists, and a
+critic may bootstrap from it), and ``""`` once it has terminated. Stepping after the end raises.
 
 Reward: gymnasium's, ``1.0`` on the step that reaches the goal ``G`` and ``0.0`` otherwise (a hole ``H`` is
 not punished; it just ends the episode with nothing). A malformed action costs ``-format_penalty``.
@@ -188,7 +189,8 @@ class FrozenLakeEnv:
         truncated = (bool(truncated) or self._turn >= self.max_turns) and not terminated
         success = terminated and "".join(self.desc)[self._state] == "G"
         self._done = terminated or truncated
-        obs = "" if self._done else self._observation()
+        # A terminal state has no next observation; a truncated episode does (the state it was cut in).
+        obs = "" if terminated else self._observation()
         info = self._info(terminated=terminated, truncated=truncated, format_ok=True, success=success)
         return obs, float(reward), self._done, info
 
