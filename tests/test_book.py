@@ -87,7 +87,7 @@ def test_book_builds_offline_with_warnings_as_errors(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
     html = tmp_path / "_build" / "html"
-    for page in ("book/intro.html", "book/foundations.html", "book/grpo.html", "labs/grpo_lab.html"):
+    for page in ("book/intro.html", "book/foundations.html", "book/grpo.html", "labs/grpo_lab.html", "book/gae.html", "labs/gae_lab.html"):
         assert (html / page).exists(), f"{page} was not built"
     lab = (html / "labs/grpo_lab.html").read_text()
     assert "colab.research.google.com" in lab

@@ -15,6 +15,10 @@ LABELS = {
     "clip_ratio": "clip ratio",
     "grad_norm": "grad norm",
     "completion_length": "completion length (tokens)",
+    "success_rate": "success rate (sampled)",
+    "value_loss": "value loss",
+    "explained_variance": "explained variance of the returns",
+    "num_turns": "turns per episode",
 }
 
 
@@ -28,7 +32,8 @@ def smooth(values, window: int = 1) -> np.ndarray:
     return (c[1:] - c[np.maximum(np.arange(1, len(v) + 1) - window, 0)]) / n
 
 
-def plot_metrics(history: list[dict], keys=("reward_mean", "accuracy", "frac_reward_zero_std", "kl"), *, window: int = 10, ncols: int = 2, title: str | None = None):
+def plot_metrics(history: list[dict], keys=("reward_mean", "accuracy", "frac_reward_zero_std", "kl"), *, window: int = 10, ncols: int = 2,
+                 title: str | None = None, xlabel: str = "GRPO step"):
     """One panel per metric of one run: raw values faint, moving average bold. Returns the figure."""
     import matplotlib.pyplot as plt
 
@@ -40,7 +45,7 @@ def plot_metrics(history: list[dict], keys=("reward_mean", "accuracy", "frac_rew
         ax.plot(steps, vals, color="C0", alpha=0.25, lw=1)
         ax.plot(steps, smooth(vals, window), color="C0", lw=2)
         ax.set_title(LABELS.get(key, key), fontsize=10)
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys):]:
         ax.axis("off")
@@ -50,7 +55,7 @@ def plot_metrics(history: list[dict], keys=("reward_mean", "accuracy", "frac_rew
     return fig
 
 
-def plot_runs(histories: dict[str, list[dict]], keys=("accuracy",), *, window: int = 10, title: str | None = None):
+def plot_runs(histories: dict[str, list[dict]], keys=("accuracy",), *, window: int = 10, title: str | None = None, xlabel: str = "GRPO step"):
     """Several runs (labels -> histories) on shared panels, one panel per metric. Returns the figure."""
     import matplotlib.pyplot as plt
 
@@ -59,7 +64,7 @@ def plot_runs(histories: dict[str, list[dict]], keys=("accuracy",), *, window: i
         for i, (label, hist) in enumerate(histories.items()):
             ax.plot([r["step"] for r in hist], smooth([r[key] for r in hist], window), color=f"C{i}", lw=2, label=label)
         ax.set_title(LABELS.get(key, key), fontsize=10)
-        ax.set_xlabel("GRPO step")
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=8)
     if title:
