@@ -6,7 +6,6 @@ Every expected number is derived in a comment next to it, so each test pins one 
 from __future__ import annotations
 
 import math
-import random
 
 import pytest
 import torch

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentic_rl.envs import AdditionTask, Problem
+from agentic_rl.envs import Problem
 from agentic_rl.rollout import Batch, build_sft_batch, encode_prompts, generate_batch, sequence_logprobs
 
 # Prompts of different lengths (3, 5, 7 and 11 words), so the batch is really left-padded.

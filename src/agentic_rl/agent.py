@@ -18,9 +18,6 @@ model and keeps the two objectives apart, which is easier to reason about when t
 from __future__ import annotations
 
 import copy
-import json
-import os
-import random
 
 import torch
 from torch import nn
@@ -30,7 +27,7 @@ from .config import PPOConfig
 from .envs import make_env
 from .losses import aggregate
 from .rollout import Batch, build_segments_batch
-from .train import GRPOTrainer, _fixed_rng, write_csv
+from .train import GRPOTrainer, _fixed_rng, run_recipe
 
 __all__ = ["ValueModel", "AgentTrainer", "run_ppo", "evaluate_agent"]
 
@@ -170,9 +167,10 @@ class AgentTrainer(GRPOTrainer):
                 last = _last_generated(batch.loss_mask)
                 rows = torch.arange(len(batch), device=last.device)
                 final = batch.attention_mask.sum(1) - 1
-                bootstrap = c.gamma * after[rows, final] * batch.extras["truncated"].to(after.dtype)
-                batch.token_rewards = batch.token_rewards.clone()
-                batch.token_rewards[rows, last] += bootstrap
+                bootstrap = torch.zeros_like(batch.token_rewards)
+                bootstrap[rows, last] = c.gamma * after[rows, final] * batch.extras["truncated"].to(after.dtype)
+                # kept apart from token_rewards, which stay the environment's (they are what gets logged)
+                batch.extras["bootstrap_rewards"] = bootstrap
         return batch
 
     # ------------------------------------------------------------------ advantages and loss
@@ -183,7 +181,8 @@ class AgentTrainer(GRPOTrainer):
         if c.advantage_estimator == "grpo":
             adv = group_advantages(batch.scores, batch.group_id, scale=c.scale_rewards)
             return adv[:, None] * mask
-        advantages, returns = gae(batch.token_rewards, batch.values, mask, gamma=c.gamma, lam=c.lam)
+        rewards = batch.token_rewards + batch.extras.get("bootstrap_rewards", 0.0)
+        advantages, returns = gae(rewards, batch.values, mask, gamma=c.gamma, lam=c.lam)
         batch.extras["returns"] = returns
         if c.whiten_advantages:
             advantages = masked_whiten(advantages, mask)
@@ -241,13 +240,5 @@ def evaluate_agent(trainer: AgentTrainer, seeds: list[int], *, samples: int = 4,
 
 
 def run_ppo(config: PPOConfig) -> dict:
-    """The PPO recipe headless: train, then write ``metrics.csv`` and ``summary.json`` to ``output_dir``."""
-    trainer = AgentTrainer(config)
-    summary = trainer.train()
-    if config.output_dir:
-        os.makedirs(config.output_dir, exist_ok=True)
-        write_csv(trainer.history, os.path.join(config.output_dir, "metrics.csv"))
-        write_csv(trainer.sft_history, os.path.join(config.output_dir, "sft_metrics.csv"))
-        with open(os.path.join(config.output_dir, "summary.json"), "w") as fh:
-            json.dump(summary, fh, indent=2)
-    return summary
+    """The PPO recipe headless (``python -m agentic_rl ppo``): metrics.csv, summary.json in ``output_dir``."""
+    return run_recipe(AgentTrainer(config))

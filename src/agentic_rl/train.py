@@ -59,7 +59,7 @@ from .models import add_lora, build_model, build_tokenizer, count_parameters, ge
 from .rollout import Batch, build_sft_batch, generate_batch, sequence_logprobs
 from .utils import seed_everything
 
-__all__ = ["GRPOTrainer", "evaluate", "sft_step", "write_csv", "run_grpo"]
+__all__ = ["GRPOTrainer", "evaluate", "sft_step", "write_csv", "run_recipe", "run_grpo"]
 
 CHECKPOINT = "checkpoint.pt"
 
@@ -439,14 +439,19 @@ class GRPOTrainer:
         self.wall_time = state["wall_time"]
 
 
-def run_grpo(config: GRPOConfig) -> dict:
-    """The GRPO recipe headless: train, then write ``metrics.csv`` and ``summary.json`` to ``output_dir``."""
-    trainer = GRPOTrainer(config)
+def run_recipe(trainer: GRPOTrainer) -> dict:
+    """Run a recipe headless: train, then write ``metrics.csv``, ``sft_metrics.csv`` and ``summary.json``."""
     summary = trainer.train()
-    if config.output_dir:
-        os.makedirs(config.output_dir, exist_ok=True)
-        write_csv(trainer.history, os.path.join(config.output_dir, "metrics.csv"))
-        write_csv(trainer.sft_history, os.path.join(config.output_dir, "sft_metrics.csv"))
-        with open(os.path.join(config.output_dir, "summary.json"), "w") as fh:
+    out = trainer.config.output_dir
+    if out:
+        os.makedirs(out, exist_ok=True)
+        write_csv(trainer.history, os.path.join(out, "metrics.csv"))
+        write_csv(trainer.sft_history, os.path.join(out, "sft_metrics.csv"))
+        with open(os.path.join(out, "summary.json"), "w") as fh:
             json.dump(summary, fh, indent=2)
     return summary
+
+
+def run_grpo(config: GRPOConfig) -> dict:
+    """The GRPO recipe headless (``python -m agentic_rl grpo``)."""
+    return run_recipe(GRPOTrainer(config))
