@@ -31,7 +31,6 @@ import platform
 import random
 import statistics
 import sys
-import time
 
 import torch
 
@@ -42,6 +41,9 @@ except ImportError:  # not installed: use the checkout's src/ (src layout)
 
 from agentic_rl.models import build_model, build_tokenizer, count_parameters, get_device
 from agentic_rl.multiturn import rollout_multiturn
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grpo import timed  # noqa: E402  (the one timing loop: warm-up, CUDA sync, repeats)
 
 #: The quick profile's model shape.
 QUICK_MODEL = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, intermediate_size=512)
@@ -78,11 +80,6 @@ class Hallway:
         return "right"
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def machine_info(device: torch.device) -> dict:
     cpu_model = None
     try:
@@ -114,14 +111,7 @@ def bench(model, tok, *, batch: int, turns: int, repeats: int, max_action_tokens
             envs = [Hallway(turns) for _ in range(batch)]
             return rollout_multiturn(model, tok, envs, seeds, max_action_tokens=max_action_tokens, reuse_cache=reuse)
 
-        b = call()  # warm-up
-        times = []
-        for _ in range(repeats):
-            _sync(device)
-            t0 = time.perf_counter()
-            b = call()
-            _sync(device)
-            times.append(time.perf_counter() - t0)
+        times, b = timed(call, device, repeats=repeats)
         steps = int(b.extras["num_turns"].sum())
         tokens = int(b.loss_mask.sum())
         med = statistics.median(times)

@@ -81,9 +81,6 @@ class AgentTrainer(GRPOTrainer):
         c = self.config
         return make_env(c.env, size=c.map_size, is_slippery=c.is_slippery, p_frozen=c.p_frozen, max_turns=c.max_turns)
 
-    def _make_env(self):
-        return self._make_task()
-
     def _make_eval_set(self):
         # Held-out episode seeds (maps), disjoint from the training seeds, which are drawn below 10**6.
         return [10**6 + 10_000 * self.config.seed + i for i in range(self.config.eval_size)]
@@ -139,11 +136,12 @@ class AgentTrainer(GRPOTrainer):
         return build_segments_batch(self.tokenizer, rows, self.device)
 
     # ------------------------------------------------------------------ rollout
-    def _rollout(self, seeds: list[int], *, group_size: int = 1, greedy: bool = False, ref_model=None) -> Batch:
+    def play(self, seeds: list[int], *, group_size: int = 1, greedy: bool = False, ref_model=None) -> Batch:
+        """Play ``group_size`` episodes on each seed's map with the current policy (a fresh env per episode)."""
         from .multiturn import rollout_multiturn
 
         c = self.config
-        envs = [self._make_env() for _ in range(len(seeds) * group_size)]
+        envs = [self._make_task() for _ in range(len(seeds) * group_size)]
         all_seeds = [s for s in seeds for _ in range(group_size)]
         group_ids = torch.arange(len(seeds)).repeat_interleave(group_size)
         return rollout_multiturn(self.model, self.tokenizer, envs, all_seeds, max_turns=c.max_turns, max_action_tokens=c.max_action_tokens,
@@ -153,7 +151,7 @@ class AgentTrainer(GRPOTrainer):
         """``prompts_per_step`` fresh episode seeds, ``num_generations`` episodes each; critic values attached."""
         c = self.config
         seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
-        batch = self._rollout(seeds, group_size=c.num_generations, ref_model=self.ref_model)
+        batch = self.play(seeds, group_size=c.num_generations, ref_model=self.ref_model)
         if batch.old_logprobs is None:
             raise RuntimeError("the multi-turn rollout must record old log-probs")
         if self.critic is not None:
@@ -232,7 +230,7 @@ def evaluate_agent(trainer: AgentTrainer, seeds: list[int], *, samples: int = 4,
     out = {}
     with _fixed_rng(seed, trainer.device):
         for name, greedy, g in (("greedy", True, 1), ("sampled", False, samples)):
-            b = trainer._rollout(seeds, group_size=g, greedy=greedy)
+            b = trainer.play(seeds, group_size=g, greedy=greedy)
             out[f"{name}_success"] = b.extras["success"].float().mean().item()
             out[f"{name}_format_rate"] = b.format_ok.float().mean().item()
             out[f"{name}_turns"] = b.extras["num_turns"].float().mean().item()
