@@ -93,7 +93,7 @@ def test_tiny_real_run_writes_metrics_and_summary(tmp_path):
     with open(out / "metrics.csv") as fh:
         reader = csv.DictReader(fh)
         rows = list(reader)
-    assert reader.fieldnames == METRICS
+    assert set(METRICS) <= set(reader.fieldnames)  # (a recipe may log more)
     assert len(rows) == 2 and [int(x["step"]) for x in rows] == [1, 2]
     with open(out / "summary.json") as fh:
         summary = json.load(fh)

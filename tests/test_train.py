@@ -18,7 +18,7 @@ from agentic_rl.rollout import sequence_logprobs
 from agentic_rl.train import GRPOTrainer
 
 METRICS = ["step", "reward_mean", "reward_std", "accuracy", "format_rate", "frac_reward_zero_std", "completion_length", "loss",
-           "kl", "entropy", "clip_ratio", "grad_norm", "tokens_per_s", "step_time", "skipped"]
+           "kl", "entropy", "clip_ratio", "approx_kl", "grad_norm", "tokens_per_s", "step_time", "skipped"]
 TIMING = {"tokens_per_s", "step_time"}
 
 
@@ -396,3 +396,37 @@ def test_trainer_accepts_an_existing_policy(model, tokenizer, tiny_config):
     assert trainer.model is policy and trainer.phase == "grpo"
     trainer.train()
     assert len(trainer.history) == 1
+
+
+def test_minibatches_split_each_pass_into_disjoint_gradient_steps(tiny_config):
+    # mu passes of k minibatches: mu * k optimizer steps per RL step, each pass covering every row once.
+    seen = []
+
+    class Counting(GRPOTrainer):
+        def compute_loss(self, batch, advantages):
+            seen.append(len(batch))
+            return super().compute_loss(batch, advantages)
+
+    trainer = Counting(tiny_config(max_steps=1, num_iterations=2, num_minibatches=4, prompts_per_step=4,
+                                   num_generations=4))
+    trainer.train()
+    assert seen == [4] * 8  # 16 rows -> 4 minibatches of 4, twice
+    batch = trainer.rollout()
+    parts = trainer._minibatches(len(batch))
+    rows = torch.cat(parts).sort().values
+    assert torch.equal(rows, torch.arange(len(batch)))  # disjoint, and together the whole batch
+    sub = batch.select(parts[0])
+    assert torch.equal(sub.input_ids, batch.input_ids[parts[0]])
+    assert sub.completions == [batch.completions[i] for i in parts[0].tolist()]
+
+
+def test_clipping_acts_from_the_second_gradient_step_only(tiny_config):
+    # One gradient step per batch: the ratio is 1 and nothing is ever clipped (an actor-critic, not
+    # PPO). Several minibatches: from the second on, the policy has moved and the clip acts.
+    one = GRPOTrainer(tiny_config(sft_steps=30, max_steps=3, learning_rate=1e-2))
+    one.train()
+    assert all(r["clip_ratio"] == 0 for r in one.history)
+    many = GRPOTrainer(tiny_config(sft_steps=30, max_steps=3, num_minibatches=4, learning_rate=1e-2))
+    many.train()
+    assert any(r["clip_ratio"] > 0 for r in many.history)
+    assert all(r["approx_kl"] > 0 for r in many.history)

@@ -2,25 +2,67 @@
 
 Names follow TRL's ``GRPOConfig`` where the concept is the same (``num_generations``, ``beta``,
 ``epsilon``, ``epsilon_high``, ``loss_type``, ``scale_rewards``, ``temperature``,
-``max_completion_length``, ``learning_rate``, ``num_iterations``, ``max_steps``, ``max_grad_norm``), so the
-book can say "this is TRL's X". Where a default differs from TRL's it says so.
+``max_completion_length``, ``learning_rate``, ``num_iterations``, ``max_steps``, ``max_grad_norm``),
+so the book can say "this is TRL's X". Where a default differs from TRL's it says so.
 
-Profiles: ``quick`` (the dataclass defaults: a ~1M-parameter model, minutes on one CPU thread) and ``full``
-(a larger model, more steps; for a GPU). ``GRPOConfig.from_profile("full", seed=1)`` applies the profile,
-then your overrides.
+Profiles: ``quick`` (the dataclass defaults: a ~1M-parameter model, minutes on one CPU thread) and
+``full`` (a larger model, more steps; for a GPU). ``GRPOConfig.from_profile("full", seed=1)``
+applies the profile, then your overrides.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
+import re
 import typing
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from .losses import AGG_MODES, LOSS_TYPE_ALIASES
 
-__all__ = ["RLConfig", "GRPOConfig", "PPOConfig", "PROFILES", "add_dataclass_arguments", "config_from_args"]
+__all__ = [
+    "RLConfig",
+    "GRPOConfig",
+    "PPOConfig",
+    "PROFILES",
+    "RunError",
+    "ConfigError",
+    "add_dataclass_arguments",
+    "config_from_args",
+]
+
+#: Positions of the tiny from-scratch model (``models.build_model``'s ``max_position_embeddings``).
+TINY_MAX_POSITIONS = 128
+
+
+class RunError(Exception):
+    """An error in what the user asked for (a config, a folder, a checkpoint), not a bug.
+
+    The CLI prints these as one line, ``error: <message>``, with no traceback.
+    """
+
+
+class ConfigError(RunError, ValueError):
+    """A config field with a bad value: ``str(err)`` is ``"<field>: <why> (got <value>)"``."""
+
+    def __init__(self, field: str, why: str, value=None):
+        self.field, self.why, self.value = field, why, value
+        super().__init__(f"{field}: {why} (got {value!r})")
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _physical_memory() -> int:
+    """Bytes of RAM on this machine (0 when unknown)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
 
 
 def _f(default, help: str):
@@ -29,20 +71,31 @@ def _f(default, help: str):
 
 @dataclass
 class RLConfig:
-    """What every RL recipe shares: the run, the model, the SFT warm start, and policy optimisation."""
+    """What every RL recipe shares: the run, the model, the SFT warm start,
+    and policy optimisation."""
 
     PROFILES: ClassVar[dict[str, dict]] = {"quick": {}}
 
     # --- run
-    profile: str = _f("quick", "Profile: 'quick' (CPU, minutes) or 'full' (GPU). --profile (or from_profile) fills the fields you do not set with its values.")
+    profile: str = _f(
+        "quick",
+        "Profile: 'quick' (CPU, minutes) or 'full' (GPU). --profile (or from_profile) fills "
+        "the fields you do not set with its values.",
+    )
     seed: int = _f(0, "Seed for python, numpy and torch (model init, problems, sampling).")
-    output_dir: str | None = _f(None, "Folder for checkpoint.pt, metrics.csv and summary.json (None: keep nothing on disk).")
+    output_dir: str | None = _f(
+        None, "Folder for checkpoint.pt, metrics.csv and summary.json (None: keep nothing on disk)."
+    )
     device: str = _f("auto", "'auto' (CUDA, then MPS, then CPU), or 'cpu', 'cuda', 'mps'.")
     resume: bool = _f(True, "Resume from output_dir/checkpoint.pt when it exists.")
-    save_steps: int = _f(25, "Write a checkpoint every this many steps (SFT and RL). 0: only at phase ends.")
+    save_steps: int = _f(
+        25, "Write a checkpoint every this many steps (SFT and RL). 0: only at phase ends."
+    )
     disable_tqdm: bool = _f(False, "Hide progress bars (as TRL's disable_tqdm).")
     # --- model
-    model_name_or_path: str | None = _f(None, "Pretrained model (hub name or folder). None: a tiny Llama from scratch.")
+    model_name_or_path: str | None = _f(
+        None, "Pretrained model (hub name or folder). None: a tiny Llama from scratch."
+    )
     hidden_size: int = _f(128, "Tiny model: hidden size.")
     num_hidden_layers: int = _f(4, "Tiny model: number of decoder layers.")
     num_attention_heads: int = _f(4, "Tiny model: attention heads.")
@@ -57,40 +110,112 @@ class RLConfig:
     sft_learning_rate: float = _f(1e-3, "SFT learning rate (AdamW).")
     # --- policy optimisation (TRL names)
     max_steps: int = _f(100, "RL steps (one rollout batch each).")
-    prompts_per_step: int = _f(32, "Prompts (or episode seeds) per RL step; the batch holds prompts_per_step * num_generations rollouts.")
+    prompts_per_step: int = _f(
+        32,
+        "Prompts (or episode seeds) per RL step; "
+        "the batch holds prompts_per_step * num_generations rollouts.",
+    )
     num_generations: int = _f(8, "G: rollouts sampled per prompt (the group).")
     learning_rate: float = _f(1e-4, "Policy learning rate (AdamW).")
-    beta: float = _f(0.0, "KL coefficient. 0 (TRL's default) loads no reference model; DeepSeekMath used 0.04.")
-    kl_estimator: str = _f("k3", "KL estimator in the loss: 'k1', 'k2' or 'k3' (DeepSeekMath and TRL use k3).")
-    log_kl: bool = _f(True, "Keep pi_ref and log the KL to it even when beta = 0 (one extra forward pass per step).")
+    beta: float = _f(
+        0.0, "KL coefficient. 0 (TRL's default) loads no reference model; DeepSeekMath used 0.04."
+    )
+    kl_estimator: str = _f(
+        "k3", "KL estimator in the loss: 'k1', 'k2' or 'k3' (DeepSeekMath and TRL use k3)."
+    )
+    log_kl: bool = _f(
+        True,
+        "Keep pi_ref and log the KL to it even when beta = 0 (one extra forward pass per step).",
+    )
     epsilon: float = _f(0.2, "Lower clip range: ratios below 1 - epsilon are clipped.")
-    epsilon_high: float | None = _f(None, "Upper clip range (DAPO's clip-higher). None: equal to epsilon.")
-    dual_clip: float | None = _f(None, "Dual-clip constant c > 1 for negative advantages (verl clip_ratio_c). None: off.")
+    epsilon_high: float | None = _f(
+        None, "Upper clip range (DAPO's clip-higher). None: equal to epsilon."
+    )
+    dual_clip: float | None = _f(
+        None, "Dual-clip constant c > 1 for negative advantages (verl clip_ratio_c). None: off."
+    )
     loss_type: str = _f(
         "grpo",
-        "Loss aggregation: a verl mode (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm, ...) or a TRL "
-        "loss_type alias (grpo, bnpo, dr_grpo, dapo). Default 'grpo' = DeepSeekMath eq. 3 (TRL's default is 'dapo').",
+        "Loss aggregation: a verl mode (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm, "
+        "...) or a TRL loss_type alias (grpo, bnpo, dr_grpo, dapo). "
+        "Default 'grpo' = DeepSeekMath eq. 3 (TRL's default is 'dapo').",
     )
-    scale_rewards: str = _f("group", "Advantage scaling: 'group' (GRPO), 'batch', or 'none' (Dr. GRPO).")
-    temperature: float = _f(1.0, "Sampling temperature (the log-probs of the loss use the same temperature).")
-    num_iterations: int = _f(1, "mu: gradient steps per rollout batch (each reuses the same samples).")
+    scale_rewards: str = _f(
+        "group", "Advantage scaling: 'group' (GRPO), 'batch', or 'none' (Dr. GRPO)."
+    )
+    temperature: float = _f(
+        1.0, "Sampling temperature (the log-probs of the loss use the same temperature)."
+    )
+    num_iterations: int = _f(
+        1, "mu: passes (epochs) over each rollout batch (each reuses the same samples)."
+    )
+    num_minibatches: int = _f(
+        1,
+        "Minibatches per pass: each pass takes this many gradient steps on disjoint slices of "
+        "the batch (PPO's minibatches; verl: train batch / ppo_mini_batch_size).",
+    )
     max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
     # --- evaluation
-    eval_size: int = _f(256, "Held-out problems (or episode seeds) for the before/after evaluation.")
-    eval_samples: int = _f(4, "Samples per held-out problem for sampled accuracy (pass@1 at temperature).")
+    eval_size: int = _f(
+        256, "Held-out problems (or episode seeds) for the before/after evaluation."
+    )
+    eval_samples: int = _f(
+        4, "Samples per held-out problem for sampled accuracy (pass@1 at temperature)."
+    )
 
     @classmethod
     def from_profile(cls, profile: str = "quick", **overrides):
         if profile not in cls.PROFILES:
-            raise ValueError(f"profile: unknown profile {profile!r}; choose one of {sorted(cls.PROFILES)}")
+            why = f"unknown profile; choose one of {sorted(cls.PROFILES)}"
+            raise ConfigError("profile", why, profile)
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(overrides) - names)
         if unknown:
-            raise ValueError(f"unknown config field(s) {unknown}; see `python -m agentic_rl <recipe> --help`")
+            raise ValueError(
+                f"unknown config field(s) {unknown}; see `python -m agentic_rl <recipe> --help`"
+            )
         return cls(**{**cls.PROFILES[profile], **overrides, "profile": profile})
+
+    # ------------------------------------------------------------------ validation
+    # Where it happens: ``validate()`` checks the config on its own (types, finite numbers, ranges,
+    # cross-field rules). It runs at construction and again after every field assignment (see
+    # ``__setattr__``; a rejected assignment is undone), so a config object is always valid. To
+    # change coupled fields together, use ``dataclasses.replace(config, a=..., b=...)``.
+    # ``check_environment()`` checks what depends on the machine (device, model folder or hub
+    # access, output folder, memory); every run calls it before any compute (the trainer's
+    # constructor, the CLI). A new recipe (a subclass) inherits all of it: its ``validate`` calls
+    # ``super().validate()`` and adds its own rules with ``self._bad(name, why)``; the type of
+    # every field, finite numbers and the re-validation on assignment come for free.
 
     def __post_init__(self):
         self.validate()
+        object.__setattr__(self, "_ready", True)
+
+    def __setattr__(self, name, value):
+        if not getattr(self, "_ready", False) or name not in self._field_types():
+            return object.__setattr__(self, name, value)
+        old = getattr(self, name)
+        object.__setattr__(self, name, value)
+        try:
+            self.validate()
+        except ConfigError:
+            object.__setattr__(self, name, old)  # undo: the config stays valid
+            raise
+
+    @classmethod
+    def _field_types(cls) -> dict[str, tuple[type, bool]]:
+        """``{field: (base type, None allowed)}`` from the annotations (cached per class)."""
+        cache = cls.__dict__.get("_types_cache")
+        if cache is None:
+            hints = typing.get_type_hints(cls)
+            cache = {}
+            for f in dataclasses.fields(cls):
+                hint = hints[f.name]
+                args = typing.get_args(hint)
+                base = next((a for a in args if a is not type(None)), None) if args else hint
+                cache[f.name] = (base, type(None) in args)
+            type.__setattr__(cls, "_types_cache", cache)
+        return cache
 
     @property
     def agg_mode(self) -> str:
@@ -98,30 +223,92 @@ class RLConfig:
         return LOSS_TYPE_ALIASES.get(self.loss_type, self.loss_type)
 
     def _bad(self, name, why):
-        raise ValueError(f"{name}: {why} (got {getattr(self, name)!r})")
+        raise ConfigError(name, why, getattr(self, name))
+
+    def _check_types(self) -> None:
+        """Every field has its annotated type (an int for a float is fine); floats are finite."""
+        for name, (base, optional) in self._field_types().items():
+            v = getattr(self, name)
+            if v is None:
+                if not optional:
+                    self._bad(name, f"must be {_TYPE_WORDS[base]}, not None")
+                continue
+            ok = isinstance(v, base) and not (base is not bool and isinstance(v, bool))
+            if base is float:
+                ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+            if not ok:
+                self._bad(name, f"must be {_TYPE_WORDS[base]}" + (" or None" if optional else ""))
+            if base is float and not math.isfinite(v):
+                self._bad(name, "must be a finite number")
+
+    def _at_least(self, names, low) -> None:
+        for name in names:
+            if getattr(self, name) < low:
+                self._bad(name, f"must be >= {low}")
 
     def validate(self) -> None:
-        """Raise ``ValueError`` naming the first invalid field."""
+        """Raise :class:`ConfigError` (a ``ValueError``) naming the first invalid field."""
         bad = self._bad
+        self._check_types()
         if self.profile not in self.PROFILES:
             bad("profile", f"unknown profile; choose one of {sorted(self.PROFILES)}")
-        if self.num_generations < 1:
-            bad("num_generations", "must be >= 1")
+        self._check_profile_applied()
+        if not 0 <= self.seed < 2**32:
+            bad("seed", "must be in [0, 2**32) (numpy's seed range)")
+        if self.output_dir is not None and (not self.output_dir.strip() or "\0" in self.output_dir):
+            bad("output_dir", "must be a folder name, or None to keep nothing on disk")
+        if self.model_name_or_path is not None and not self.model_name_or_path.strip():
+            bad("model_name_or_path", "must be a hub name or a folder, or None for the tiny model")
+        self._at_least(
+            (
+                "num_generations",
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "intermediate_size",
+                "lora_r",
+                "lora_alpha",
+            ),
+            1,
+        )
+        if self.hidden_size % self.num_attention_heads:
+            bad("num_attention_heads", f"must divide hidden_size ({self.hidden_size})")
+        if (self.hidden_size // self.num_attention_heads) % 2:
+            bad(
+                "num_attention_heads",
+                f"hidden_size / num_attention_heads must be even (rotary "
+                f"embeddings rotate pairs), here {self.hidden_size // self.num_attention_heads}",
+            )
+        heads = self.num_attention_heads
+        if self.num_key_value_heads > heads:
+            bad("num_key_value_heads", f"must be <= num_attention_heads ({heads})")
+        if heads % self.num_key_value_heads:
+            bad("num_key_value_heads", f"must divide num_attention_heads ({heads})")
         for name in ("learning_rate", "sft_learning_rate", "temperature", "max_grad_norm"):
             if not getattr(self, name) > 0:
                 bad(name, "must be positive")
-        for name in ("max_steps", "sft_steps", "save_steps"):
-            if getattr(self, name) < 0:
-                bad(name, "must be >= 0")
-        for name in ("prompts_per_step", "sft_batch_size", "num_iterations", "eval_size", "eval_samples"):
-            if getattr(self, name) < 1:
-                bad(name, "must be >= 1")
+        self._at_least(("max_steps", "sft_steps", "save_steps"), 0)
+        self._at_least(
+            (
+                "prompts_per_step",
+                "sft_batch_size",
+                "num_iterations",
+                "num_minibatches",
+                "eval_size",
+                "eval_samples",
+            ),
+            1,
+        )
         if self.beta < 0:
             bad("beta", "must be >= 0")
-        if self.epsilon < 0:
-            bad("epsilon", "must be >= 0")
+        if not 0 <= self.epsilon < 1:
+            bad("epsilon", "must be in [0, 1) (ratios are clipped below at 1 - epsilon)")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
-            bad("epsilon_high", f"must be >= epsilon ({self.epsilon}); clip-higher widens the upper bound only")
+            bad(
+                "epsilon_high",
+                f"must be >= epsilon ({self.epsilon}); clip-higher widens the upper bound only",
+            )
         if self.dual_clip is not None and self.dual_clip <= 1:
             bad("dual_clip", "must be > 1")
         if self.kl_estimator not in ("k1", "k2", "k3"):
@@ -130,8 +317,134 @@ class RLConfig:
             bad("loss_type", f"must be one of {AGG_MODES} or {tuple(LOSS_TYPE_ALIASES)}")
         if self.scale_rewards not in ("group", "batch", "none"):
             bad("scale_rewards", "must be 'group', 'batch' or 'none'")
-        if self.device not in ("auto", "cpu", "cuda", "mps") and not self.device.startswith("cuda:"):
+        dev = self.device
+        known = dev in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", dev)
+        if not known:
             bad("device", "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+    def _check_profile_applied(self) -> None:
+        # GRPOConfig(profile="full") alone would be labelled full but keep the quick model: refused.
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        values = {k: v for k, v in self.PROFILES[self.profile].items() if v != defaults[k]}
+        if values and all(getattr(self, k) == defaults[k] for k in values):
+            self._bad(
+                "profile",
+                f"the {self.profile!r} profile's values are not applied (every "
+                f"field it sets has its quick default); use {type(self).__name__}"
+                f".from_profile({self.profile!r}, ...) or --profile {self.profile}",
+            )
+
+    def _check_positions(self, name: str, tokens: int) -> None:
+        """A recipe's rule: ``tokens`` (blamed on field ``name``) fit the tiny model's positions."""
+        if self.model_name_or_path is None and tokens > TINY_MAX_POSITIONS:
+            self._bad(
+                name,
+                f"a sequence would need {tokens} positions; the tiny model has "
+                f"{TINY_MAX_POSITIONS}",
+            )
+
+    def _rough_memory_bytes(self) -> int:
+        """A rough lower bound on training memory (weights, AdamW, activations) of the tiny model.
+
+        Only used to refuse clearly impossible sizes: weights x 9 (policy, reference, gradient, two
+        AdamW moments, and as much again for a critic) plus one layer-stack of activations for the
+        larger of the SFT and RL batches, at the shortest sequence a rollout can have.
+        """
+        h, inter, L = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        kv = h // self.num_attention_heads * self.num_key_value_heads
+        params = L * (2 * h * h + 2 * h * kv + 3 * h * inter) + 1000 * h
+        batch = max(self.sft_batch_size, self.prompts_per_step * self.num_generations)
+        tokens = batch * max(self.min_sequence_tokens(), 1)
+        return 4 * (9 * params + tokens * L * (4 * h + 2 * inter))
+
+    #: A recipe's fields that make sequences longer (blamed when memory is short).
+    _size_fields: ClassVar[tuple[str, ...]] = ()
+
+    def min_sequence_tokens(self) -> int:
+        """The shortest sequence a rollout can have (a recipe says; for the memory estimate)."""
+        return 1
+
+    def check_environment(self) -> None:
+        """Check what depends on the machine, before any compute; raise :class:`ConfigError`.
+
+        The device exists; a pretrained model is a folder or reachable on the hub; the output folder
+        can be created or written; and the model and batches roughly fit in the device's memory.
+        """
+        import os
+
+        import torch
+
+        self.validate()  # (already valid unless someone bypassed __setattr__; cheap)
+        dev = self.device
+        if dev.startswith("cuda"):
+            if not torch.cuda.is_available():
+                self._bad("device", "CUDA is not available on this machine; use 'auto' or 'cpu'")
+            index = int(dev.split(":")[1]) if ":" in dev else 0
+            if index >= torch.cuda.device_count():
+                self._bad("device", f"this machine has {torch.cuda.device_count()} CUDA device(s)")
+        mps = getattr(torch.backends, "mps", None)
+        mps_ok = mps is not None and mps.is_available()
+        if dev == "mps" and not mps_ok:
+            self._bad("device", "MPS (Apple GPU) is not available here; use 'auto' or 'cpu'")
+        name = self.model_name_or_path
+        if name is not None and not os.path.isdir(name):
+            offline = any(
+                os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+                for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+            )
+            if os.path.exists(name):
+                self._bad("model_name_or_path", "is a file; give a model folder or a hub name")
+            if name.startswith((".", "/", "~")) or name.count("/") > 1:
+                self._bad("model_name_or_path", "no such folder")
+            if offline:
+                self._bad(
+                    "model_name_or_path",
+                    "is not a local folder and HF_HUB_OFFLINE=1, so it "
+                    "cannot be downloaded; save the model to a folder and pass the folder",
+                )
+        if self.output_dir is not None:
+            self._check_output_dir(self.output_dir)
+        if name is None:
+            if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
+                index = int(dev.split(":")[1]) if ":" in dev else 0
+                total, where = torch.cuda.get_device_properties(index).total_memory, "GPU memory"
+            else:
+                total, where = _physical_memory(), "memory"
+            need = self._rough_memory_bytes()
+            if total and need > total:
+                defaults = {f.name: f.default for f in dataclasses.fields(self)}
+                sizes = (
+                    "hidden_size",
+                    "intermediate_size",
+                    "num_hidden_layers",
+                    "prompts_per_step",
+                    "num_generations",
+                    "sft_batch_size",
+                )
+                # blame the most inflated size
+                field = max(sizes + self._size_fields, key=lambda k: getattr(self, k) / defaults[k])
+                self._bad(
+                    field,
+                    f"the model and batches need at least ~{need / 2**30:.1f} GiB, "
+                    f"more than this machine's {total / 2**30:.1f} GiB of {where}",
+                )
+
+    def _check_output_dir(self, path: str) -> None:
+        import os
+
+        if os.path.exists(path):
+            if not os.path.isdir(path):
+                self._bad("output_dir", "exists and is not a folder")
+            if not os.access(path, os.W_OK | os.X_OK):
+                self._bad("output_dir", "is not writable")
+            return
+        parent = os.path.dirname(os.path.abspath(path))
+        while not os.path.exists(parent):
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            self._bad("output_dir", f"cannot be created: {parent} is a file")
+        if not os.access(parent, os.W_OK | os.X_OK):
+            self._bad("output_dir", f"cannot be created: {parent} is not writable")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -144,17 +457,32 @@ class GRPOConfig(RLConfig):
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},  # the dataclass defaults
         "full": dict(
-            digits=3, hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1024,
-            sft_steps=3000, sft_batch_size=128, sft_learning_rate=5e-4, max_steps=300, prompts_per_step=64, num_generations=16,
-            learning_rate=5e-5, eval_size=1024,
+            digits=3,
+            hidden_size=256,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1024,
+            sft_steps=3000,
+            sft_batch_size=128,
+            sft_learning_rate=5e-4,
+            max_steps=300,
+            prompts_per_step=64,
+            num_generations=16,
+            learning_rate=5e-5,
+            eval_size=1024,
         ),
     }
 
     # --- task
     task: str = _f("addition", "Task name (see agentic_rl.envs.TASKS).")
     digits: int = _f(2, "Addition task: digits per operand.")
-    teacher_error_rate: float = _f(0.5, "Fraction of SFT demonstrations with one wrong digit (the noisy teacher).")
-    format_weight: float = _f(0.1, "Weight of the format reward added to the 0/1 exact-match reward.")
+    teacher_error_rate: float = _f(
+        0.5, "Fraction of SFT demonstrations with one wrong digit (the noisy teacher)."
+    )
+    format_weight: float = _f(
+        0.1, "Weight of the format reward added to the 0/1 exact-match reward."
+    )
     max_completion_length: int = _f(8, "Maximum generated tokens per completion.")
 
     def validate(self) -> None:
@@ -164,12 +492,34 @@ class GRPOConfig(RLConfig):
         if self.task not in TASKS:
             self._bad("task", f"unknown task; known tasks are {sorted(TASKS)}")
         if self.num_generations < 2:
-            self._bad("num_generations", "GRPO needs a group of at least 2 completions per prompt (a group of one has no baseline)")
-        for name in ("max_completion_length", "digits"):
-            if getattr(self, name) < 1:
-                self._bad(name, "must be >= 1")
+            self._bad(
+                "num_generations",
+                "GRPO needs a group of at least 2 completions per prompt "
+                "(a group of one has no baseline)",
+            )
+        self._at_least(("max_completion_length", "digits"), 1)
+        if self.task == "addition" and self.digits > 6:
+            self._bad("digits", "the addition task supports 1 to 6 digits")
         if not 0.0 <= self.teacher_error_rate <= 1.0:
             self._bad("teacher_error_rate", "must be in [0, 1]")
+        if self.format_weight < 0:
+            self._bad("format_weight", "must be >= 0")
+        tokens = self.prompt_tokens() + self.max_completion_length
+        self._check_positions("max_completion_length", tokens)
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_completion_length",)
+
+    def prompt_tokens(self) -> int:
+        """Tokens of the task's prompt (one word-level token per word, plus BOS)."""
+        import random
+
+        from .envs import make_task
+
+        kwargs = dict(digits=self.digits) if self.task == "addition" else {}
+        return len(make_task(self.task, **kwargs).sample(1, random.Random(0))[0].prompt.split()) + 1
+
+    def min_sequence_tokens(self) -> int:
+        return self.prompt_tokens() + 1
 
 
 @dataclass
@@ -179,43 +529,91 @@ class PPOConfig(RLConfig):
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},
         "full": dict(
-            map_size=6, max_turns=14, hidden_size=256, num_hidden_layers=6, num_attention_heads=8, num_key_value_heads=4,
-            intermediate_size=1024, sft_steps=2000, sft_batch_size=64, max_steps=300, prompts_per_step=128, eval_size=512,
+            map_size=6,
+            max_turns=14,
+            hidden_size=256,
+            num_hidden_layers=6,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1024,
+            sft_steps=2000,
+            sft_batch_size=64,
+            max_steps=300,
+            prompts_per_step=128,
+            eval_size=512,
             max_action_tokens=3,
         ),
     }
 
-    # --- defaults that differ from the GRPO recipe (quick profile: a 125k-parameter model, ~1-2 minutes)
+    # --- defaults that differ from the GRPO recipe
+    # (quick profile: a 125k-parameter model, ~1-2 minutes)
     hidden_size: int = _f(64, "Tiny model: hidden size.")
     num_hidden_layers: int = _f(2, "Tiny model: number of decoder layers.")
     intermediate_size: int = _f(256, "Tiny model: MLP width.")
-    num_generations: int = _f(1, "Episodes per seed: 1 for PPO (the critic is the baseline); >= 2 (a group) for the grpo estimator.")
-    prompts_per_step: int = _f(32, "Episode seeds per RL step; the batch holds prompts_per_step * num_generations episodes.")
-    loss_type: str = _f("token-mean", "Loss aggregation (see the GRPO recipe); PPO's usual token-mean by default.")
+    num_generations: int = _f(
+        1,
+        "Episodes per seed: 1 for PPO (the critic is the baseline); "
+        ">= 2 (a group) for the grpo estimator.",
+    )
+    prompts_per_step: int = _f(
+        32,
+        "Episode seeds per RL step; the batch holds prompts_per_step * num_generations episodes.",
+    )
+    loss_type: str = _f(
+        "token-mean", "Loss aggregation (see the GRPO recipe); PPO's usual token-mean by default."
+    )
+    num_minibatches: int = _f(
+        4,
+        "Minibatches per pass over the rollout batch: 4 gradient steps per batch by default "
+        "(verl's default, 1 epoch of 4 minibatches); from the second, the ratio departs from 1 "
+        "and clipping acts.",
+    )
     sft_steps: int = _f(300, "SFT steps on demonstration episodes before RL (0: skip).")
     sft_batch_size: int = _f(32, "Demonstration episodes per SFT step.")
     max_steps: int = _f(60, "RL steps (one rollout batch each).")
     eval_size: int = _f(128, "Held-out episode seeds (maps) for the before/after evaluation.")
     # --- environment
     env: str = _f("frozenlake", "Environment name (see agentic_rl.envs.ENVS).")
-    map_size: int = _f(4, "FrozenLake: the map is map_size x map_size, drawn at random per episode seed.")
-    is_slippery: bool = _f(False, "FrozenLake: slippery ice (an action moves as intended only 1/3 of the time).")
-    p_frozen: float = _f(0.8, "FrozenLake: probability that a tile of a random map is frozen (not a hole).")
+    map_size: int = _f(
+        4, "FrozenLake: the map is map_size x map_size, drawn at random per episode seed."
+    )
+    is_slippery: bool = _f(
+        False, "FrozenLake: slippery ice (an action moves as intended only 1/3 of the time)."
+    )
+    p_frozen: float = _f(
+        0.8, "FrozenLake: probability that a tile of a random map is frozen (not a hole)."
+    )
     max_turns: int = _f(8, "Turn limit of an episode (the environment truncates at it).")
-    demo_error_rate: float = _f(0.3, "Fraction of demonstration actions replaced by a random other action (mixed-quality SFT data).")
+    demo_error_rate: float = _f(
+        0.3,
+        "Fraction of demonstration actions replaced by a random other action "
+        "(mixed-quality SFT data).",
+    )
     max_action_tokens: int = _f(3, "Maximum tokens the policy may generate in one turn.")
     # --- advantage estimation and the critic
-    advantage_estimator: str = _f("gae", "'gae' (PPO with a critic) or 'grpo' (group-relative, no critic).")
+    advantage_estimator: str = _f(
+        "gae", "'gae' (PPO with a critic) or 'grpo' (group-relative, no critic)."
+    )
     gamma: float = _f(1.0, "GAE discount over generated tokens, in [0, 1].")
-    lam: float = _f(1.0, "GAE lambda, in [0, 1]: 0 is one-step TD, 1 is Monte Carlo minus the value baseline.")
+    lam: float = _f(
+        1.0, "GAE lambda, in [0, 1]: 0 is one-step TD, 1 is Monte Carlo minus the value baseline."
+    )
     critic_learning_rate: float = _f(1e-3, "Critic learning rate (AdamW).")
-    vf_coef: float = _f(1.0, "Weight of the value loss (the critic is a separate model, so it only scales its step).")
-    cliprange_value: float | None = _f(0.2, "Value clipping around the rollout-time values (verl cliprange_value). None: off.")
-    whiten_advantages: bool = _f(True, "Whiten GAE advantages over the batch's generated tokens (verl, RAGEN).")
+    vf_coef: float = _f(
+        1.0,
+        "Weight of the value loss (the critic is a separate model, so it only scales its step).",
+    )
+    cliprange_value: float | None = _f(
+        0.2, "Value clipping around the rollout-time values (verl cliprange_value). None: off."
+    )
+    whiten_advantages: bool = _f(
+        True, "Whiten GAE advantages over the batch's generated tokens (verl, RAGEN)."
+    )
     bootstrap_truncated: bool = _f(
         False,
-        "Bootstrap truncated episodes from the critic (add gamma * V(s_T) to their last reward). Off by default: "
-        "here the turn limit is part of the task, so running out of turns is terminal.",
+        "Bootstrap truncated episodes from the critic (add gamma * V(s_T) to their last reward). "
+        "Off by default: here the turn limit is part of the task, so running out of turns is "
+        "terminal.",
     )
 
     def validate(self) -> None:
@@ -236,19 +634,32 @@ class PPOConfig(RLConfig):
         for name in ("map_size", "max_turns", "max_action_tokens"):
             if getattr(self, name) < (2 if name == "map_size" else 1):
                 self._bad(name, "is too small")
+        if self.map_size > 32:
+            self._bad("map_size", "must be <= 32 (an observation holds map_size**2 tiles)")
         if not 0.0 < self.p_frozen <= 1.0:
             self._bad("p_frozen", "must be in (0, 1]")
         if not self.critic_learning_rate > 0:
             self._bad("critic_learning_rate", "must be positive")
         if self.cliprange_value is not None and self.cliprange_value <= 0:
             self._bad("cliprange_value", "must be positive (or none)")
+        if self.vf_coef < 0:
+            self._bad("vf_coef", "must be >= 0")
+        # One turn's action must fit; whole episodes may run past the tiny model's 128 positions
+        # (rotary embeddings have no table; the full profile's long episodes rely on it).
+        self._check_positions("max_action_tokens", self.max_action_tokens)
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("map_size", "max_action_tokens")
+
+    def min_sequence_tokens(self) -> int:
+        # the first observation (the map, one token per tile and row separator) and one action
+        return self.map_size * (self.map_size + 1) + 3 + self.max_action_tokens
 
 
 #: The GRPO recipe's profiles (kept as a module name for convenience).
 PROFILES = GRPOConfig.PROFILES
 
 
-# ----------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # A CLI from the dataclass: one flag per field, help from the field's doc.
 
 
@@ -258,7 +669,19 @@ def _parse_bool(text: str) -> bool:
         return True
     if low in ("0", "false", "no", "off"):
         return False
-    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+    raise argparse.ArgumentTypeError(f"must be true or false (got {text!r})")
+
+
+def _parse_number(kind):
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            why = f"must be {_TYPE_WORDS[kind]} (got {text!r})"
+            raise argparse.ArgumentTypeError(why) from None
+
+    parse.__name__ = kind.__name__
+    return parse
 
 
 def _optional(kind):
@@ -269,34 +692,56 @@ def _optional(kind):
     return parse
 
 
-def add_dataclass_arguments(parser: argparse.ArgumentParser, cls, defaults: dict | None = None) -> None:
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors as one line: ``error: <field>: <why> (got X)`` and exit status 2."""
+
+    def error(self, message: str):
+        m = re.match(r"argument --([\w-]+)(?:/-\w)?: (.*)", message, re.S)
+        if m:
+            message = f"{m.group(1).replace('-', '_')}: {m.group(2)}"
+        self.exit(2, f"error: {' '.join(message.split())}\n")
+
+
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser, cls, defaults: dict | None = None
+) -> None:
     """One ``--field-name`` flag per dataclass field, typed, with the field's help text."""
-    hints = typing.get_type_hints(cls)
     defaults = defaults or {}
+    types = cls._field_types()
     for f in dataclasses.fields(cls):
-        hint = hints[f.name]
-        args = typing.get_args(hint)
-        optional = type(None) in args
-        base = next((a for a in args if a is not type(None)), hint) if args else hint
-        kind = {bool: _parse_bool, int: int, float: float, str: str}[base]
+        base, optional = types[f.name]
+        parsers = {
+            bool: _parse_bool,
+            int: _parse_number(int),
+            float: _parse_number(float),
+            str: str,
+        }
+        kind = parsers[base]
         if optional:
             kind = _optional(kind)
         default = defaults.get(f.name, f.default)
         parser.add_argument(
-            "--" + f.name.replace("_", "-"), dest=f.name, type=kind, default=argparse.SUPPRESS,
-            metavar=base.__name__.upper(), help=f"{f.metadata.get('help', '')} [default: {default}]",
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar=base.__name__.upper(),
+            help=f"{f.metadata.get('help', '')} [default: {default}]",
         )
 
 
 def config_from_args(cls, argv: list[str] | None, prog: str):
-    """Parse ``argv`` into ``cls.from_profile(profile, **given flags)``."""
-    pre = argparse.ArgumentParser(add_help=False)
+    """Parse ``argv`` into ``cls.from_profile(profile, **given flags)``.
+
+    A bad flag or value exits with status 2 and one line, ``error: <field>: <why> (got X)``.
+    """
+    pre = _Parser(add_help=False, prog=prog)
     pre.add_argument("--profile", default="quick")
     known, _ = pre.parse_known_args(argv)
     if known.profile not in cls.PROFILES:
-        pre.prog = prog
-        pre.error(f"profile: unknown profile {known.profile!r}; choose one of {sorted(cls.PROFILES)}")
-    parser = argparse.ArgumentParser(prog=prog, description=cls.__doc__)
+        choices = sorted(cls.PROFILES)
+        pre.error(f"profile: unknown profile; choose one of {choices} (got {known.profile!r})")
+    parser = _Parser(prog=prog, description=cls.__doc__)
     add_dataclass_arguments(parser, cls, cls.PROFILES[known.profile])
     given = vars(parser.parse_args(argv))
     given.pop("profile", None)

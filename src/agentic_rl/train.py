@@ -1,4 +1,5 @@
-"""Training: the SFT warm start and the GRPO loop, with metrics, checkpoints and a NaN guard (once, here).
+"""Training: the SFT warm start and the GRPO loop, with metrics, checkpoints and a NaN guard
+(once, here).
 
 The GRPO step is the design's data path, one line each::
 
@@ -7,29 +8,39 @@ The GRPO step is the design's data path, one line each::
     loss, metrics = self.compute_loss(batch, advantages)   # clipped surrogate + beta * KL
     optimizer step (gradient clipping, NaN guard)
 
-Later chapters subclass :class:`GRPOTrainer` and override ``compute_advantages`` or ``compute_loss``.
+Later chapters subclass :class:`GRPOTrainer` and override ``compute_advantages`` or
+``compute_loss``.
 
-Metric dictionary (one row per GRPO step in ``history`` and ``metrics.csv``; TRL's names where TRL has
-the metric):
+Metric dictionary (one row per GRPO step in ``history`` and ``metrics.csv``; TRL's names where TRL
+has the metric):
 
-=======================  ==================================================================================
-``step``                 GRPO step (1-based)
-``reward_mean``          mean reward of the sampled completions (exact match + format)
-``reward_std``           std of those rewards over the whole batch
-``accuracy``             fraction of sampled completions that are exactly right (pass@1 at temperature)
-``format_rate``          fraction of completions that are well formed
-``frac_reward_zero_std`` fraction of groups whose rewards are all equal: they give zero advantage, no gradient
-``completion_length``    mean generated tokens per completion (EOS included)
-``loss``                 the minimised loss (clipped surrogate + beta * KL); near 0 by construction, see chapter
-``kl``                   k3 estimate of KL(pi || pi_ref) on generated tokens (pi_ref = the policy GRPO started from);
-                         NaN when ``beta == 0`` and ``log_kl`` is off
-``entropy``              mean entropy (nats) of the policy's next-token distribution on generated tokens
-``clip_ratio``           fraction of generated tokens whose probability ratio was clipped
-``grad_norm``            gradient norm before clipping
-``tokens_per_s``         generated tokens per second of the rollout phase (sampling, scoring, reference log-probs)
-``step_time``            wall seconds of the whole step
-``skipped``              1 if the NaN/inf guard skipped this update
-=======================  ==================================================================================
+========================  ==========================================================================
+``step``                  GRPO step (1-based)
+``reward_mean``           mean reward of the sampled completions (exact match + format)
+``reward_std``            std of those rewards over the whole batch
+``accuracy``              fraction of sampled completions that are exactly right (pass@1 at
+                          temperature)
+``format_rate``           fraction of completions that are well formed
+``frac_reward_zero_std``  fraction of groups whose rewards are all equal: they give zero advantage,
+                          no gradient
+``completion_length``     mean generated tokens per completion (EOS included)
+``loss``                  the minimised loss (clipped surrogate + beta * KL); near 0 by
+                          construction, see chapter
+``kl``                    k3 estimate of KL(pi || pi_ref) on generated tokens (pi_ref = the policy
+                          GRPO started from); NaN when ``beta == 0`` and ``log_kl`` is off
+``entropy``               mean entropy (nats) of the policy's next-token distribution on generated
+                          tokens
+``clip_ratio``            fraction of generated tokens whose probability ratio was clipped (mean
+                          over gradient steps of the step; 0 with one gradient step per batch)
+``approx_kl``             k3 estimate of KL(pi_old || pi) on generated tokens, mean over the
+                          gradient steps: how far the update moved the policy from the one that
+                          sampled
+``grad_norm``             gradient norm before clipping
+``tokens_per_s``          generated tokens per second of the rollout phase (sampling, scoring,
+                          reference log-probs)
+``step_time``             wall seconds of the whole step
+``skipped``               1 if the NaN/inf guard skipped this update
+========================  ==========================================================================
 """
 
 from __future__ import annotations
@@ -47,21 +58,44 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-with warnings.catch_warnings():  # tqdm.auto warns in notebooks without ipywidgets; it falls back to text bars
+with (
+    warnings.catch_warnings()
+):  # tqdm.auto warns in notebooks without ipywidgets; it falls back to text bars
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
+from . import checkpoint as ckpt
 from .advantages import group_advantages
-from .config import GRPOConfig
+from .checkpoint import CheckpointError, ConfigMismatchError, run_lock
+from .config import ConfigError, GRPOConfig
 from .envs import make_task
 from .losses import aggregate, kl_penalty, policy_loss
-from .models import add_lora, build_model, build_tokenizer, count_parameters, get_device, load_pretrained
+from .models import (
+    add_lora,
+    build_model,
+    build_tokenizer,
+    count_parameters,
+    get_device,
+    load_pretrained,
+)
 from .rollout import Batch, build_sft_batch, generate_batch, sequence_logprobs
 from .utils import seed_everything
 
-__all__ = ["GRPOTrainer", "evaluate", "sft_step", "write_csv", "run_recipe", "run_grpo"]
+__all__ = [
+    "GRPOTrainer",
+    "evaluate",
+    "sft_step",
+    "write_csv",
+    "run_recipe",
+    "run_grpo",
+    "preflight",
+]
 
 CHECKPOINT = "checkpoint.pt"
+#: The files a run writes in its output folder (``run.lock`` aside).
+OUTPUT_FILES = (CHECKPOINT, "metrics.csv", "sft_metrics.csv", "summary.json")
+#: Config fields a resumed run may change (everything else must match the checkpoint's config).
+RESUMABLE_CHANGES = ("output_dir", "resume", "max_steps", "save_steps", "disable_tqdm", "device")
 
 
 @contextmanager
@@ -74,11 +108,23 @@ def _fixed_rng(seed: int, device: torch.device):
 
 
 @torch.no_grad()
-def evaluate(model, tokenizer, task, problems, *, samples: int = 4, temperature: float = 1.0, max_completion_length: int = 8, seed: int = 1234, chunk: int = 512) -> dict:
-    """Greedy accuracy, sampled accuracy (``samples`` draws per problem at ``temperature``) and format rate.
+def evaluate(
+    model,
+    tokenizer,
+    task,
+    problems,
+    *,
+    samples: int = 4,
+    temperature: float = 1.0,
+    max_completion_length: int = 8,
+    seed: int = 1234,
+    chunk: int = 512,
+) -> dict:
+    """Greedy accuracy, sampled accuracy (``samples`` draws per problem at ``temperature``)
+    and format rate.
 
-    Sampling uses its own seeded RNG stream, so evaluating does not change a training run, and the same
-    problems and seed give the same numbers before and after training.
+    Sampling uses its own seeded RNG stream, so evaluating does not change a training run, and the
+    same problems and seed give the same numbers before and after training.
     """
     device = next(model.parameters()).device
     out = {}
@@ -87,8 +133,17 @@ def evaluate(model, tokenizer, task, problems, *, samples: int = 4, temperature:
             correct, fmt, n = 0, 0, 0
             step = max(1, chunk // g)
             for i in range(0, len(problems), step):
-                b = generate_batch(model, tokenizer, task, problems[i : i + step], num_generations=g, max_completion_length=max_completion_length,
-                                   temperature=temperature, greedy=greedy, compute_old_logprobs=False)
+                b = generate_batch(
+                    model,
+                    tokenizer,
+                    task,
+                    problems[i : i + step],
+                    num_generations=g,
+                    max_completion_length=max_completion_length,
+                    temperature=temperature,
+                    greedy=greedy,
+                    compute_old_logprobs=False,
+                )
                 correct += int(b.correct.sum())
                 fmt += int(b.format_ok.sum())
                 n += len(b)
@@ -122,12 +177,14 @@ def write_csv(rows: list[dict], path: str) -> None:
 class GRPOTrainer:
     """SFT warm start, then GRPO, from one :class:`GRPOConfig`.
 
-    ``GRPOTrainer(config)`` builds the task, tokenizer and model; pass ``model`` and ``tokenizer`` to start
-    from an existing policy (e.g. a copy of an SFT'd model, with ``sft_steps=0``). ``train()`` runs
-    whatever is left of the run and resumes from ``output_dir/checkpoint.pt`` when one exists.
+    ``GRPOTrainer(config)`` builds the task, tokenizer and model; pass ``model`` and ``tokenizer``
+    to start from an existing policy (e.g. a copy of an SFT'd model, with ``sft_steps=0``).
+    ``train()`` runs whatever is left of the run and resumes from ``output_dir/checkpoint.pt`` when
+    one exists.
     """
 
     def __init__(self, config: GRPOConfig, *, model=None, tokenizer=None, task=None):
+        config.check_environment()  # config, device, output folder, memory: before any compute
         self.config = config
         self.device = get_device(config.device)
         self.task = task or self._make_task()
@@ -139,7 +196,9 @@ class GRPOTrainer:
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.ref_model = None
-        self.problem_rng = random.Random(config.seed)  # training problems (its state is checkpointed)
+        self.problem_rng = random.Random(
+            config.seed
+        )  # training problems (its state is checkpointed)
         self.eval_problems = self._make_eval_set()
         self.phase = "sft" if config.sft_steps > 0 else "grpo"
         self.step = 0  # steps done in the current phase
@@ -147,26 +206,49 @@ class GRPOTrainer:
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         self.optimizer = self._make_optimizer()
-        self.wall_time = 0.0
+        self.wall_time = 0.0  # seconds spent in train(), summed over every resume
+        self._clock = None  # perf_counter() when wall_time was last brought up to date (None: idle)
+        self.was_complete = False  # train() found the run already finished and changed nothing
 
     # ------------------------------------------------------------------ construction
     def _make_task(self):
         c = self.config
-        kwargs = dict(digits=c.digits, teacher_error_rate=c.teacher_error_rate, format_weight=c.format_weight) if c.task == "addition" else {}
+        kwargs = (
+            dict(
+                digits=c.digits,
+                teacher_error_rate=c.teacher_error_rate,
+                format_weight=c.format_weight,
+            )
+            if c.task == "addition"
+            else {}
+        )
         return make_task(c.task, **kwargs)
 
     def _make_eval_set(self):
-        # A fixed held-out set, drawn from its own stream so it never depends on the training seed's draws.
+        # A fixed held-out set, drawn from its own stream
+        # so it never depends on the training seed's draws.
         return self.task.sample(self.config.eval_size, random.Random(10_000 + self.config.seed))
 
     def _build_policy(self):
         c = self.config
         if c.model_name_or_path:
-            model, tokenizer = load_pretrained(c.model_name_or_path)
+            try:
+                model, tokenizer = load_pretrained(c.model_name_or_path)
+            except (OSError, ValueError) as err:  # not found, no network, not a model folder
+                why = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+                name = c.model_name_or_path
+                raise ConfigError("model_name_or_path", f"cannot be loaded: {why}", name) from None
         else:
             tokenizer = build_tokenizer(self.task.vocabulary())
-            model = build_model(tokenizer, hidden_size=c.hidden_size, num_hidden_layers=c.num_hidden_layers, num_attention_heads=c.num_attention_heads,
-                                num_key_value_heads=c.num_key_value_heads, intermediate_size=c.intermediate_size, seed=c.seed)
+            model = build_model(
+                tokenizer,
+                hidden_size=c.hidden_size,
+                num_hidden_layers=c.num_hidden_layers,
+                num_attention_heads=c.num_attention_heads,
+                num_key_value_heads=c.num_key_value_heads,
+                intermediate_size=c.intermediate_size,
+                seed=c.seed,
+            )
         if c.use_lora:
             model = add_lora(model, r=c.lora_r, lora_alpha=c.lora_alpha)
         return model, tokenizer
@@ -176,14 +258,18 @@ class GRPOTrainer:
         params = [p for p in self.model.parameters() if p.requires_grad]
         return torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
 
-    #: The summary's headline metric: ``(name, evaluation key)``, reported as ``<name>_before/_after``.
+    #: The summary's headline metric: ``(name, evaluation key)``, reported as
+    #: ``<name>_before/_after``.
     headline = ("accuracy", "sampled_accuracy")
-    headline_definition = ("accuracy: exact-match rate of samples at the training temperature (pass@1, = sampled_accuracy); "
-                           "greedy_accuracy: of greedy decoding")
+    headline_definition = (
+        "accuracy: exact-match rate of samples at the training temperature "
+        "(pass@1, = sampled_accuracy); greedy_accuracy: of greedy decoding"
+    )
 
     @property
     def max_generated_tokens(self) -> float:
-        """The most tokens one rollout can generate: the constant L of ``seq-mean-token-sum-norm``."""
+        """The most tokens one rollout can generate: the constant L of
+        ``seq-mean-token-sum-norm``."""
         return float(self.config.max_completion_length)
 
     @property
@@ -206,8 +292,9 @@ class GRPOTrainer:
             self._make_ref_model()
 
     def _make_ref_model(self):
-        # pi_ref is the policy GRPO starts from. With beta = 0 it is only kept when log_kl is on, to log
-        # the KL drift: one extra forward pass per step (measured: ~15-25 % of a quick-profile step).
+        # pi_ref is the policy GRPO starts from. With beta = 0 it is only kept when log_kl is on,
+        # to log the KL drift: one extra forward pass per step
+        # (measured: ~15-25 % of a quick-profile step).
         self.ref_model = copy.deepcopy(self.model).eval()
         for p in self.ref_model.parameters():
             p.requires_grad_(False)
@@ -218,13 +305,18 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ SFT
     def sft(self, steps: int | None = None) -> list[dict]:
-        """Teacher-forcing on the task's (noisy) demonstrations, until ``sft_steps`` steps are done."""
+        """Teacher-forcing on the task's (noisy) demonstrations,
+        until ``sft_steps`` steps are done."""
         c = self.config
         target = c.sft_steps if steps is None else min(c.sft_steps, self.step + steps)
-        bar = tqdm(total=c.sft_steps, initial=self.step, desc="SFT", disable=c.disable_tqdm, leave=False)
+        bar = tqdm(
+            total=c.sft_steps, initial=self.step, desc="SFT", disable=c.disable_tqdm, leave=False
+        )
         self.model.train()
         while self.phase == "sft" and self.step < target:
-            loss = sft_step(self.model, self.optimizer, self.sft_batch(), max_grad_norm=c.max_grad_norm)
+            loss = sft_step(
+                self.model, self.optimizer, self.sft_batch(), max_grad_norm=c.max_grad_norm
+            )
             self.step += 1
             self.sft_history.append({"step": self.step, "loss": loss})
             bar.update(1)
@@ -247,54 +339,111 @@ class GRPOTrainer:
         """Sample ``num_generations`` completions for each of ``prompts_per_step`` fresh prompts."""
         c = self.config
         problems = self.task.sample(c.prompts_per_step, self.problem_rng)
-        # With mu = 1 the policy that sampled is the policy being updated, so pi_old's log-probs are the
-        # loss's own (detached) log-probs: no separate forward pass is needed (TRL does the same).
-        return generate_batch(self.model, self.tokenizer, self.task, problems, num_generations=c.num_generations,
-                              max_completion_length=c.max_completion_length, temperature=c.temperature, ref_model=self.ref_model,
-                              compute_old_logprobs=c.num_iterations > 1)
+        # With mu = 1 the policy that sampled is the policy being updated, so pi_old's log-probs
+        # are the loss's own (detached) log-probs: no separate forward pass is needed
+        # (TRL does the same).
+        return generate_batch(
+            self.model,
+            self.tokenizer,
+            self.task,
+            problems,
+            num_generations=c.num_generations,
+            max_completion_length=c.max_completion_length,
+            temperature=c.temperature,
+            ref_model=self.ref_model,
+            compute_old_logprobs=c.num_iterations > 1 or c.num_minibatches > 1,
+        )
 
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
-        """GRPO (eq. grpo-adv): one group-normalised scalar per completion, copied to its tokens ``[B, T]``."""
+        """GRPO (eq. grpo-adv): one group-normalised scalar per completion,
+        copied to its tokens ``[B, T]``."""
         adv = group_advantages(batch.scores, batch.group_id, scale=self.config.scale_rewards)
         return adv[:, None] * batch.loss_mask
 
     def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        """Clipped surrogate (eq. grpo-obj) plus ``beta`` times the KL estimate, aggregated by ``loss_type``."""
+        """Clipped surrogate (eq. grpo-obj) plus ``beta`` times the KL estimate,
+        aggregated by ``loss_type``."""
         c = self.config
-        logprobs, entropy = sequence_logprobs(self.model, batch.input_ids, batch.attention_mask, temperature=c.temperature, with_entropy=True)
+        logprobs, entropy = sequence_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature=c.temperature,
+            with_entropy=True,
+        )
         norm = self.max_generated_tokens  # the constant L of seq-mean-token-sum-norm (Dr. GRPO)
-        old_logprobs = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()  # mu = 1: rho = 1
-        loss, metrics = policy_loss(logprobs, old_logprobs, advantages, batch.loss_mask, epsilon=c.epsilon,
-                                    epsilon_high=c.epsilon_high, dual_clip=c.dual_clip, agg=c.agg_mode, norm_constant=norm)
+        old_logprobs = (
+            batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
+        )  # mu = 1: rho = 1
+        loss, metrics = policy_loss(
+            logprobs,
+            old_logprobs,
+            advantages,
+            batch.loss_mask,
+            epsilon=c.epsilon,
+            epsilon_high=c.epsilon_high,
+            dual_clip=c.dual_clip,
+            agg=c.agg_mode,
+            norm_constant=norm,
+        )
         if c.beta > 0:
             kl = kl_penalty(logprobs, batch.ref_logprobs, c.kl_estimator)
             loss = loss + c.beta * aggregate(kl, batch.loss_mask, c.agg_mode, norm_constant=norm)
         metrics["entropy"] = aggregate(entropy.detach(), batch.loss_mask, "token-mean").item()
         metrics["kl"] = float("nan")
-        if batch.ref_logprobs is not None:  # the drift from pi_ref, logged with k3 whatever the loss uses
-            metrics["kl"] = aggregate(kl_penalty(logprobs.detach(), batch.ref_logprobs, "k3"), batch.loss_mask, "token-mean").item()
+        if (
+            batch.ref_logprobs is not None
+        ):  # the drift from pi_ref, logged with k3 whatever the loss uses
+            metrics["kl"] = aggregate(
+                kl_penalty(logprobs.detach(), batch.ref_logprobs, "k3"),
+                batch.loss_mask,
+                "token-mean",
+            ).item()
         return loss, metrics
 
     def _optimizer_step(self, loss: torch.Tensor) -> tuple[float, bool]:
-        """Backward, clip, step; skip the update (and say so) if the loss or gradient is not finite."""
+        """Backward, clip, step;
+        skip the update (and say so) if the loss or gradient is not finite."""
         self.optimizer.zero_grad(set_to_none=True)
         if not torch.isfinite(loss):
-            warnings.warn(f"GRPO step {self.step + 1}: loss is {loss.item()}; skipped this update", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"GRPO step {self.step + 1}: loss is {loss.item()}; skipped this update",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return float("nan"), True
         loss.backward()
-        # Clip each parameter group on its own (the policy; a critic, when there is one); report the policy's.
-        norms = [torch.nn.utils.clip_grad_norm_(g["params"], self.config.max_grad_norm).item() for g in self.optimizer.param_groups]
+        # Clip each parameter group on its own (the policy; a critic, when there is one);
+        # report the policy's.
+        norms = [
+            torch.nn.utils.clip_grad_norm_(g["params"], self.config.max_grad_norm).item()
+            for g in self.optimizer.param_groups
+        ]
         grad_norm = norms[0]
         if not all(math.isfinite(n) for n in norms):
             grad_norm = next(n for n in norms if not math.isfinite(n))
             self.optimizer.zero_grad(set_to_none=True)
-            warnings.warn(f"GRPO step {self.step + 1}: gradient norm is {grad_norm}; skipped this update", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"GRPO step {self.step + 1}: gradient norm is {grad_norm}; skipped this update",
+                RuntimeWarning,
+                stacklevel=2,
+            )
             return grad_norm, True
         self.optimizer.step()
         return grad_norm, False
 
+    def _minibatches(self, n: int) -> list[torch.Tensor | None]:
+        """Row indices of each minibatch of one pass (``[None]``: the whole batch, no copy)."""
+        k = self.config.num_minibatches
+        if k == 1:
+            return [None]
+        perm = torch.randperm(n)  # the global torch stream: seeded, and checkpointed
+        return list(torch.tensor_split(perm, k))
+
     def grpo_step(self) -> dict:
-        """One RL step: rollout, advantages, ``num_iterations`` gradient steps on the same batch."""
+        """One RL step: rollout, advantages, then ``num_iterations`` passes over the batch, each of
+        ``num_minibatches`` gradient steps
+        (1 x 1 by default: one on-policy step, as GRPO and TRL)."""
         c = self.config
         if self.ref_model is None and (c.beta > 0 or c.log_kl):
             self._make_ref_model()
@@ -304,17 +453,29 @@ class GRPOTrainer:
         advantages = self.compute_advantages(batch)
         self.model.train()
         skipped = 0
-        for it in range(c.num_iterations):
-            loss, m = self.compute_loss(batch, advantages)
-            grad_norm, skip = self._optimizer_step(loss)
-            skipped += int(skip)
-            if it == 0:
-                first = dict(m, loss=loss.item(), grad_norm=grad_norm)
-            first["clip_ratio"] = m["clip_ratio"]  # the last iteration's, where clipping can act
+        per_update = []
+        for _ in range(c.num_iterations):  # mu passes over the batch ...
+            for part in self._minibatches(len(batch)):  # ... of num_minibatches gradient steps each
+                mb = batch if part is None else batch.select(part)
+                loss, m = self.compute_loss(mb, advantages if part is None else advantages[part])
+                grad_norm, skip = self._optimizer_step(loss)
+                skipped += int(skip)
+                per_update.append(m)
+                if len(per_update) == 1:
+                    first = dict(m, loss=loss.item(), grad_norm=grad_norm)
+        # How far the updates moved the policy (and the critic): averaged over all gradient steps,
+        # as TRL and verl log them. At the first step the ratio is 1 (up to sampling-time numerics),
+        # so with one step per batch these are ~0 by construction; clipping can only act from the
+        # second step on.
+        for key in ("clip_ratio", "approx_kl", "vf_clip_ratio"):
+            if key in m:
+                first[key] = sum(x[key] for x in per_update) / len(per_update)
         self.step += 1
         scores, gid = batch.scores, batch.group_id
         _, counts = torch.unique(gid, return_counts=True)
-        zero_std = sum(bool((scores[gid == g] == scores[gid == g][0]).all()) for g in torch.unique(gid))
+        zero_std = sum(
+            bool((scores[gid == g] == scores[gid == g][0]).all()) for g in torch.unique(gid)
+        )
         gen_tokens = int(batch.loss_mask.sum())
         row = {
             "step": self.step,
@@ -328,6 +489,7 @@ class GRPOTrainer:
             "kl": first["kl"],
             "entropy": first["entropy"],
             "clip_ratio": first["clip_ratio"],
+            "approx_kl": first["approx_kl"],
             "grad_norm": first["grad_norm"],
             "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
             "step_time": time.perf_counter() - t0,
@@ -340,18 +502,50 @@ class GRPOTrainer:
     def train(self) -> dict:
         """Run what is left of the run (SFT, evaluation, GRPO, evaluation) and return the summary.
 
-        Resumes from ``output_dir/checkpoint.pt`` when ``resume`` is on and the file exists.
+        With an ``output_dir`` it holds the folder's run lock (a second run there stops with
+        ``RunLockedError``) and resumes from ``checkpoint.pt`` when ``resume`` is on and the file
+        exists. A run that is already complete returns its summary, writes nothing and sets
+        ``was_complete``. ``wall_time_s`` adds up the time of every ``train()`` of the run.
         """
         c = self.config
-        t_start = time.perf_counter()
-        if c.output_dir and c.resume and os.path.exists(os.path.join(c.output_dir, CHECKPOINT)):
-            self.load_checkpoint(os.path.join(c.output_dir, CHECKPOINT))
+        c.validate()
+        with run_lock(c.output_dir):
+            path = os.path.join(c.output_dir, CHECKPOINT) if c.output_dir else None
+            if path and c.resume and os.path.exists(path):
+                self.load_checkpoint(path)
+            self.was_complete = self.is_complete
+            if self.was_complete:
+                return self.summary()
+            self._clock = time.perf_counter()
+            try:
+                self._train()
+            finally:
+                self._tick()
+                self._clock = None
+            return self.summary()
+
+    @property
+    def is_complete(self) -> bool:
+        """All RL steps done and the final evaluation made."""
+        return self.phase == "grpo" and self.step >= self.config.max_steps and "after" in self.evals
+
+    def _tick(self) -> None:
+        """Bring ``wall_time`` up to now (while ``train()`` runs)."""
+        if self._clock is not None:
+            now = time.perf_counter()
+            self.wall_time += now - self._clock
+            self._clock = now
+
+    def _train(self) -> None:
+        c = self.config
         if self.phase == "sft":
             self.sft()
         if "before" not in self.evals:
             self.evals["before"] = self.evaluate()
             self.save_checkpoint()
-        bar = tqdm(total=c.max_steps, initial=self.step, desc="GRPO", disable=c.disable_tqdm, leave=False)
+        bar = tqdm(
+            total=c.max_steps, initial=self.step, desc="GRPO", disable=c.disable_tqdm, leave=False
+        )
         while self.step < c.max_steps:
             row = self.grpo_step()
             bar.update(1)
@@ -359,20 +553,31 @@ class GRPOTrainer:
             self._maybe_checkpoint()
         bar.close()
         self.evals["after"] = self.evaluate()
-        self.wall_time += time.perf_counter() - t_start
         self.save_checkpoint()
-        return self.summary()
 
     def evaluate(self) -> dict:
         c = self.config
-        return evaluate(self.model, self.tokenizer, self.task, self.eval_problems, samples=c.eval_samples, temperature=c.temperature,
-                        max_completion_length=c.max_completion_length, seed=c.seed + 1234)
+        return evaluate(
+            self.model,
+            self.tokenizer,
+            self.task,
+            self.eval_problems,
+            samples=c.eval_samples,
+            temperature=c.temperature,
+            max_completion_length=c.max_completion_length,
+            seed=c.seed + 1234,
+        )
 
     def summary(self) -> dict:
         """The run's before/after evaluation (``*_before`` / ``*_after`` keys), cost and config."""
-        out = {"task": self.task.name, "profile": self.config.profile, "seed": self.config.seed,
-               "num_parameters": self.num_parameters, "rl_steps": self.step if self.phase == "grpo" else 0,
-               "definition": self.headline_definition}
+        out = {
+            "task": self.task.name,
+            "profile": self.config.profile,
+            "seed": self.config.seed,
+            "num_parameters": self.num_parameters,
+            "rl_steps": self.step if self.phase == "grpo" else 0,
+            "definition": self.headline_definition,
+        }
         for when, ev in self.evals.items():
             for k, v in ev.items():
                 out[f"{k}_{when}"] = v
@@ -390,65 +595,162 @@ class GRPOTrainer:
             self.save_checkpoint()
 
     def save_checkpoint(self, path: str | None = None) -> str | None:
-        """Everything needed to continue bit-for-bit: weights, optimizer, RNG streams, histories, evals."""
+        """All it takes to continue bit-for-bit: weights, optimizer, RNG streams, histories, evals.
+
+        Plain types and tensors only (see :mod:`agentic_rl.checkpoint`), so loading runs no code.
+        """
+        self._tick()
         if path is None:
             if not self.config.output_dir:
                 return None
             os.makedirs(self.config.output_dir, exist_ok=True)
             path = os.path.join(self.config.output_dir, CHECKPOINT)
         state = {
-            "phase": self.phase, "step": self.step, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            "phase": self.phase,
+            "step": self.step,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
             "ref_model": self.ref_model.state_dict() if self.ref_model is not None else None,
-            "rng": {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None, "problems": self.problem_rng.getstate()},
-            "sft_history": self.sft_history, "history": self.history, "evals": self.evals, "wall_time": self.wall_time,
+            "rng": _rng_state(self.problem_rng),
+            "sft_history": self.sft_history,
+            "history": self.history,
+            "evals": self.evals,
+            "wall_time": self.wall_time,
             "config": self.config.to_dict(),
             **self._extra_state(),
         }
-        tmp = path + ".tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written checkpoint
-        if self.config.output_dir and os.path.dirname(os.path.abspath(path)) == os.path.abspath(self.config.output_dir) and self.history:
-            write_csv(self.history, os.path.join(self.config.output_dir, "metrics.csv"))
+        ckpt.save(state, path)
+        out = self.config.output_dir
+        if out and os.path.dirname(os.path.abspath(path)) == os.path.abspath(out) and self.history:
+            write_csv(self.history, os.path.join(out, "metrics.csv"))
         return path
 
     def load_checkpoint(self, path: str) -> None:
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        saved = {k: v for k, v in state["config"].items() if k not in ("output_dir", "resume", "max_steps", "save_steps", "disable_tqdm", "device")}
-        mine = self.config.to_dict()
-        changed = sorted(k for k, v in saved.items() if mine.get(k) != v)
-        if changed:
-            raise ValueError(f"checkpoint {path} was written with a different config ({', '.join(changed)} differ); "
-                             "use another output_dir or --resume false")
+        """Verify ``path`` (format, hash, config: :func:`check_resumable`) and continue from it."""
+        state = ckpt.load(path, map_location=self.device)
+        check_resumable(self.config, state, path)
         self.model.load_state_dict(state["model"])
         self.phase, self.step = state["phase"], state["step"]
-        self._load_extra_state(state)  # before the optimizer: a subclass may add parameters (a critic)
+        self._load_extra_state(
+            state
+        )  # before the optimizer: a subclass may add parameters (a critic)
         self.optimizer = self._make_optimizer()
         self.optimizer.load_state_dict(state["optimizer"])
         if state["ref_model"] is not None:
             self._make_ref_model()
             self.ref_model.load_state_dict(state["ref_model"])
-        rng = state["rng"]
-        random.setstate(rng["python"])
-        np.random.set_state(rng["numpy"])
-        torch.set_rng_state(rng["torch"].cpu())
-        if rng["cuda"] is not None and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(rng["cuda"])
-        self.problem_rng.setstate(rng["problems"])
-        self.sft_history, self.history, self.evals = state["sft_history"], state["history"], state["evals"]
+        _set_rng_state(state["rng"], self.problem_rng)
+        self.sft_history, self.history, self.evals = (
+            state["sft_history"],
+            state["history"],
+            state["evals"],
+        )
         self.wall_time = state["wall_time"]
 
 
+_STATE_KEYS = (
+    "phase",
+    "step",
+    "model",
+    "optimizer",
+    "ref_model",
+    "rng",
+    "sft_history",
+    "history",
+    "evals",
+    "wall_time",
+    "config",
+)
+
+
+def _rng_state(problem_rng: random.Random) -> dict:
+    """Every RNG stream as plain types and tensors (numpy's key array becomes a tensor)."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {
+        "python": random.getstate(),
+        "torch": torch.get_rng_state(),
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "problems": problem_rng.getstate(),
+    }
+
+
+def _set_rng_state(rng: dict, problem_rng: random.Random) -> None:
+    random.setstate(rng["python"])
+    n = rng["numpy"]
+    keys = n["keys"].cpu().numpy().astype(np.uint32)
+    np.random.set_state((n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(rng["torch"].cpu())
+    if rng["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([t.cpu() for t in rng["cuda"]])
+    problem_rng.setstate(rng["problems"])
+
+
+def check_resumable(config: GRPOConfig, state: dict, path: str) -> None:
+    """Raise a named error unless ``config`` can continue the run in ``state`` (a checkpoint).
+
+    ``CheckpointError`` if it is not a training checkpoint; ``ConfigMismatchError`` listing each
+    differing field (the checkpoint's value and yours) unless only ``RESUMABLE_CHANGES`` differ;
+    ``ConfigError`` on ``max_steps`` if the checkpoint has already done more RL steps.
+    """
+    missing = [k for k in _STATE_KEYS if k not in state]
+    if missing or not isinstance(state["config"], dict):
+        lacks = missing or ["config"]
+        raise CheckpointError(path, f"is not a training checkpoint (it lacks {lacks})")
+    mine = config.to_dict()
+    saved = {k: v for k, v in state["config"].items() if k not in RESUMABLE_CHANGES}
+    diffs = {
+        k: (v, mine.get(k, "<no such field>")) for k, v in sorted(saved.items()) if mine.get(k) != v
+    }
+    if diffs:
+        raise ConfigMismatchError(path, diffs)
+    if state["phase"] == "grpo" and state["step"] > config.max_steps:
+        why = (
+            f"the checkpoint {path} has already done {state['step']} RL steps; ask for at least "
+            "that many, or --resume false to start over"
+        )
+        raise ConfigError("max_steps", why, config.max_steps)
+
+
+def preflight(config: GRPOConfig) -> None:
+    """Every check a run makes before any compute, as named errors (``agentic_rl.config.RunError``).
+
+    The config and the machine (``config.check_environment``), then, with an ``output_dir``: no
+    other run holds the folder, and an existing checkpoint is sound and matches the config (when
+    resuming).
+    The CLI calls it before building anything; a trainer makes the same checks as it starts.
+    """
+    config.check_environment()
+    out = config.output_dir
+    if out and os.path.isdir(out):
+        ckpt.check_unlocked(out)
+        path = os.path.join(out, CHECKPOINT)
+        if config.resume and os.path.exists(path):
+            check_resumable(config, ckpt.load(path, map_location="cpu"), path)
+
+
 def run_recipe(trainer: GRPOTrainer) -> dict:
-    """Run a recipe headless: train, then write ``metrics.csv``, ``sft_metrics.csv`` and ``summary.json``."""
-    summary = trainer.train()
+    """Run a recipe headless: train, write ``metrics.csv``, ``sft_metrics.csv``, ``summary.json``.
+
+    A run that was already complete writes nothing (``trainer.was_complete``).
+    """
     out = trainer.config.output_dir
-    if out:
-        os.makedirs(out, exist_ok=True)
-        write_csv(trainer.history, os.path.join(out, "metrics.csv"))
-        write_csv(trainer.sft_history, os.path.join(out, "sft_metrics.csv"))
-        with open(os.path.join(out, "summary.json"), "w") as fh:
-            json.dump(summary, fh, indent=2)
+    with run_lock(out):
+        summary = trainer.train()
+        if out and not trainer.was_complete:
+            os.makedirs(out, exist_ok=True)
+            write_csv(trainer.history, os.path.join(out, "metrics.csv"))
+            write_csv(trainer.sft_history, os.path.join(out, "sft_metrics.csv"))
+            tmp = os.path.join(out, "summary.json.tmp")
+            with open(tmp, "w") as fh:
+                json.dump(summary, fh, indent=2)
+            os.replace(tmp, os.path.join(out, "summary.json"))
     return summary
 
 

@@ -1,0 +1,699 @@
+"""Hardening: every bad config is a named error before compute, checkpoints cannot run code, one run
+per folder, and faults (kill -9, corrupt, truncated, foreign and malicious checkpoints) as tests.
+
+The CLI is run in-process (``agentic_rl.cli.main``, stderr captured) for speed, and as a real
+subprocess where the process boundary matters (tracebacks, ``kill -9``, a lock held by another
+process).
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import fcntl
+import io
+import math
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from agentic_rl import checkpoint as ckpt
+from agentic_rl.checkpoint import CheckpointError, ConfigMismatchError, RunLockedError
+from agentic_rl.cli import main
+from agentic_rl.config import TINY_MAX_POSITIONS, ConfigError, GRPOConfig, PPOConfig, RunError
+from agentic_rl.train import GRPOTrainer
+
+TINY = [
+    "--digits",
+    "1",
+    "--hidden-size",
+    "32",
+    "--num-hidden-layers",
+    "1",
+    "--num-attention-heads",
+    "2",
+    "--num-key-value-heads",
+    "1",
+    "--intermediate-size",
+    "64",
+    "--sft-steps",
+    "0",
+    "--sft-batch-size",
+    "8",
+    "--max-steps",
+    "2",
+    "--prompts-per-step",
+    "4",
+    "--num-generations",
+    "2",
+    "--max-completion-length",
+    "4",
+    "--eval-size",
+    "8",
+    "--eval-samples",
+    "1",
+    "--device",
+    "cpu",
+    "--disable-tqdm",
+    "true",
+]
+TINY_PPO = [
+    "--hidden-size",
+    "32",
+    "--num-hidden-layers",
+    "1",
+    "--num-attention-heads",
+    "2",
+    "--num-key-value-heads",
+    "1",
+    "--intermediate-size",
+    "64",
+    "--map-size",
+    "3",
+    "--sft-steps",
+    "4",
+    "--sft-batch-size",
+    "4",
+    "--max-steps",
+    "4",
+    "--save-steps",
+    "1",
+    "--prompts-per-step",
+    "4",
+    "--eval-size",
+    "4",
+    "--eval-samples",
+    "1",
+    "--device",
+    "cpu",
+    "--disable-tqdm",
+    "true",
+]
+
+
+def _cli(capsys, *argv) -> tuple[int, str, str]:
+    """Run the CLI in-process: (exit status, stdout, stderr)."""
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # argparse's errors
+        code = exc.code
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _assert_one_line_error(code, err, field=None):
+    assert code not in (0, None), err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    if field is not None:
+        assert lines[0].startswith(f"error: {field}: ") or f" {field}" in lines[0], err
+    return lines[0]
+
+
+def _run(*args, timeout=180):
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "agentic_rl", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+    )
+
+
+def _snapshot(folder) -> dict:
+    """Every file's bytes and mtime (ns) in ``folder``."""
+    out = {}
+    for name in sorted(os.listdir(folder)):
+        p = os.path.join(folder, name)
+        with open(p, "rb") as fh:
+            out[name] = (fh.read(), os.stat(p).st_mtime_ns)
+    return out
+
+
+# ----------------------------------------------------------------- 1. config validation table
+
+NAN, INF = float("nan"), float("inf")
+# Every case of the issue, plus more; (config class, overrides, the field the error must name).
+CASES = [
+    (GRPOConfig, dict(digits=7), "digits"),
+    (GRPOConfig, dict(digits=0), "digits"),
+    (GRPOConfig, dict(seed=-1), "seed"),
+    (GRPOConfig, dict(seed=2**32), "seed"),
+    (GRPOConfig, dict(num_attention_heads=3), "num_attention_heads"),
+    (
+        GRPOConfig,
+        dict(hidden_size=12, num_attention_heads=4),
+        "num_attention_heads",
+    ),  # odd head dim
+    (GRPOConfig, dict(num_key_value_heads=8), "num_key_value_heads"),
+    (GRPOConfig, dict(num_attention_heads=4, num_key_value_heads=3), "num_key_value_heads"),
+    (GRPOConfig, dict(lora_r=0), "lora_r"),
+    (GRPOConfig, dict(lora_alpha=0), "lora_alpha"),
+    (GRPOConfig, dict(learning_rate=INF), "learning_rate"),
+    (GRPOConfig, dict(beta=NAN), "beta"),
+    (GRPOConfig, dict(epsilon=NAN), "epsilon"),
+    (GRPOConfig, dict(epsilon_high=NAN), "epsilon_high"),
+    (GRPOConfig, dict(epsilon=1.5), "epsilon"),
+    (GRPOConfig, dict(epsilon=-0.1), "epsilon"),
+    (GRPOConfig, dict(format_weight=-0.1), "format_weight"),
+    (GRPOConfig, dict(max_grad_norm=INF), "max_grad_norm"),
+    (GRPOConfig, dict(output_dir=""), "output_dir"),
+    (GRPOConfig, dict(output_dir="  "), "output_dir"),
+    (GRPOConfig, dict(model_name_or_path=""), "model_name_or_path"),
+    (GRPOConfig, dict(max_completion_length=TINY_MAX_POSITIONS), "max_completion_length"),
+    (GRPOConfig, dict(num_generations=2.5), "num_generations"),
+    (GRPOConfig, dict(use_lora="false"), "use_lora"),
+    (GRPOConfig, dict(use_lora=1), "use_lora"),
+    (GRPOConfig, dict(hidden_size=0), "hidden_size"),
+    (GRPOConfig, dict(hidden_size="128"), "hidden_size"),
+    (GRPOConfig, dict(profile="full"), "profile"),
+    (GRPOConfig, dict(device="cuda:x"), "device"),
+    (GRPOConfig, dict(temperature=NAN), "temperature"),
+    (GRPOConfig, dict(teacher_error_rate=NAN), "teacher_error_rate"),
+    (GRPOConfig, dict(task=None), "task"),
+    (GRPOConfig, dict(seed=True), "seed"),
+    (PPOConfig, dict(vf_coef=-1.0), "vf_coef"),
+    (PPOConfig, dict(vf_coef=NAN), "vf_coef"),
+    (PPOConfig, dict(gamma=NAN), "gamma"),
+    (PPOConfig, dict(lam=INF), "lam"),
+    (PPOConfig, dict(map_size=100), "map_size"),
+    (PPOConfig, dict(max_action_tokens=TINY_MAX_POSITIONS + 1), "max_action_tokens"),
+    (PPOConfig, dict(profile="full"), "profile"),
+    (PPOConfig, dict(cliprange_value=NAN), "cliprange_value"),
+    (PPOConfig, dict(whiten_advantages="no"), "whiten_advantages"),
+]
+
+
+def _bad_values(cls):
+    """A wrong-typed value for every field, and NaN / inf for every number."""
+    types = cls._field_types()
+    for f in dataclasses.fields(cls):
+        base, optional = types[f.name]
+        wrong = {bool: "yes", int: 2.5, float: "0.1", str: 3}[base]
+        yield cls, {f.name: wrong}, f.name
+        if not optional:
+            yield cls, {f.name: None}, f.name
+        if base is float:
+            yield cls, {f.name: NAN}, f.name
+            yield cls, {f.name: -INF}, f.name
+
+
+ALL_CASES = CASES + list(_bad_values(GRPOConfig)) + list(_bad_values(PPOConfig))
+
+
+@pytest.mark.parametrize(
+    "cls,overrides,field",
+    ALL_CASES,
+    ids=[f"{c.__name__}-{f}-{i}" for i, (c, o, f) in enumerate(ALL_CASES)],
+)
+def test_bad_config_is_a_named_error(cls, overrides, field):
+    with pytest.raises(ConfigError) as exc:
+        cls(**overrides)
+    assert exc.value.field == field
+    msg = str(exc.value)
+    assert msg.startswith(f"{field}: ") and "(got " in msg, msg
+    assert isinstance(exc.value, ValueError)  # (what callers caught before)
+
+
+@pytest.mark.parametrize("cls,overrides,field", CASES[:20])
+def test_assignment_after_construction_is_validated_and_undone(cls, overrides, field):
+    config = cls()
+    before = config.to_dict()
+    with pytest.raises(ConfigError, match=rf"^{field}: "):
+        for k, v in overrides.items():
+            setattr(config, k, v)
+    assert config.to_dict().keys() == before.keys()
+    config.validate()  # still valid: the rejected assignment was undone
+
+
+def test_valid_configs_and_profiles_still_pass():
+    for cls in (GRPOConfig, PPOConfig):
+        for profile in cls.PROFILES:
+            c = cls.from_profile(profile, seed=3)
+            c.check_environment()  # the profiles are never refused (memory estimate included)
+        c = cls.from_profile("full", hidden_size=64)  # an override of a profile is fine
+        assert c.profile == "full" and c.hidden_size == 64
+        c = cls()
+        c.learning_rate = 1  # an int for a float field is a number
+        c.seed = 2**32 - 1
+        c.epsilon_high = None
+
+
+def test_tiny_model_positions_match_models():
+    import inspect
+
+    from agentic_rl.models import build_model
+
+    assert (
+        inspect.signature(build_model).parameters["max_position_embeddings"].default
+        == TINY_MAX_POSITIONS
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_missing_cuda_is_a_named_error():
+    for device in ("cuda", "cuda:0"):
+        with pytest.raises(ConfigError, match=r"^device: CUDA is not available"):
+            GRPOConfig(device=device).check_environment()
+
+
+def test_missing_mps_and_missing_cuda_index_are_named_errors():
+    mps = getattr(torch.backends, "mps", None)
+    if not (mps is not None and mps.is_available()):
+        with pytest.raises(ConfigError, match=r"^device: MPS"):
+            GRPOConfig(device="mps").check_environment()
+    with pytest.raises(ConfigError, match=r"^device: "):
+        GRPOConfig(device="cuda:99").check_environment()
+
+
+def test_hub_model_offline_and_missing_folder_are_named_errors(tmp_path):
+    assert os.environ["HF_HUB_OFFLINE"] == "1"  # conftest
+    with pytest.raises(ConfigError, match=r"^model_name_or_path: .*HF_HUB_OFFLINE"):
+        GRPOConfig(model_name_or_path="no-such-org/no-such-model").check_environment()
+    with pytest.raises(ConfigError, match=r"^model_name_or_path: no such folder"):
+        GRPOConfig(model_name_or_path=str(tmp_path / "nope" / "model")).check_environment()
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(ConfigError, match=r"^model_name_or_path: is a file"):
+        GRPOConfig(model_name_or_path=str(tmp_path / "f")).check_environment()
+
+
+def test_output_folder_problems_are_found_before_compute(tmp_path, tiny_config):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"^output_dir: exists and is not a folder"):
+        tiny_config(output_dir=str(tmp_path / "file")).check_environment()
+    with pytest.raises(ConfigError, match=r"^output_dir: cannot be created: .* is a file"):
+        GRPOTrainer(
+            tiny_config(output_dir=str(tmp_path / "file" / "run"))
+        )  # the trainer checks too
+    if os.geteuid() != 0:  # (root may write anywhere)
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        try:
+            with pytest.raises(ConfigError, match=r"^output_dir: .*not writable"):
+                tiny_config(output_dir=str(ro / "run")).check_environment()
+        finally:
+            ro.chmod(0o700)
+
+
+def test_impossible_sizes_are_refused_before_compute():
+    with pytest.raises(ConfigError, match=r"^hidden_size: .*GiB") as exc:
+        GRPOConfig(hidden_size=2**20, intermediate_size=2**22).check_environment()
+    assert "more than this machine's" in str(exc.value)
+    with pytest.raises(ConfigError, match=r"^prompts_per_step: .*GiB"):
+        GRPOConfig(prompts_per_step=10**9).check_environment()
+
+
+# --------------------------------------------------------- 2. the CLI: one line, no traceback
+
+CLI_CASES = [
+    (["--digits", "9"], "digits"),
+    (["--seed", "-1"], "seed"),
+    (["--seed", str(2**40)], "seed"),
+    (["--num-attention-heads", "3"], "num_attention_heads"),
+    (["--num-key-value-heads", "8"], "num_key_value_heads"),
+    (["--lora-r", "0"], "lora_r"),
+    (["--learning-rate", "inf"], "learning_rate"),
+    (["--model-name-or-path", "no-such-org/no-such-model"], "model_name_or_path"),
+    (["--hidden-size", str(2**20), "--intermediate-size", str(2**22)], "hidden_size"),
+    (["--beta", "nan"], "beta"),
+    (["--epsilon", "nan"], "epsilon"),
+    (["--epsilon-high", "nan"], "epsilon_high"),
+    (["--epsilon", "1.5"], "epsilon"),
+    (["--format-weight", "-1"], "format_weight"),
+    (["--max-grad-norm", "inf"], "max_grad_norm"),
+    (["--output-dir", ""], "output_dir"),
+    (["--max-completion-length", "500"], "max_completion_length"),
+    (["--num-generations", "2.5"], "num_generations"),
+    (["--num-generations", "four"], "num_generations"),
+    (["--use-lora", "maybe"], "use_lora"),
+    (["--profile", "huge"], "profile"),
+    (["--seed"], "seed"),
+]
+if not torch.cuda.is_available():
+    CLI_CASES.append((["--device", "cuda"], "device"))
+if not (getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()):
+    CLI_CASES.append((["--device", "mps"], "device"))
+
+
+@pytest.mark.parametrize("argv,field", CLI_CASES, ids=[" ".join(a) for a, _ in CLI_CASES])
+def test_cli_bad_config_is_one_line_without_traceback(capsys, argv, field):
+    code, out, err = _cli(capsys, "grpo", *argv)
+    line = _assert_one_line_error(code, err)
+    assert line.startswith(f"error: {field}: "), line
+    assert code == 2 and out == ""
+
+
+def test_cli_ppo_bad_values(capsys, tmp_path):
+    (tmp_path / "f").write_text("x")
+    for argv, field in (
+        (["--vf-coef", "-1"], "vf_coef"),
+        (["--lam", "nan"], "lam"),
+        (["--output-dir", str(tmp_path / "f")], "output_dir"),
+    ):
+        code, _, err = _cli(capsys, "ppo", *argv)
+        assert _assert_one_line_error(code, err).startswith(f"error: {field}: ")
+
+
+def test_cli_subprocess_bad_config_has_no_traceback(tmp_path):
+    r = _run("grpo", "--seed", "-1")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == "error: seed: must be in [0, 2**32) (numpy's seed range) (got -1)"
+    (tmp_path / "file").write_text("x")
+    r = _run("ppo", "--output-dir", str(tmp_path / "file"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: output_dir: exists and is not a folder"), r.stderr
+
+
+def test_top_level_help_lists_recipes_with_one_line_each(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name, cls in (("grpo", GRPOConfig), ("ppo", PPOConfig)):
+        first = cls.__doc__.strip().splitlines()[0]
+        assert any(ln.split() == [name, *first.split()] for ln in out.splitlines()), out
+
+
+# --------------------------------------------------------------------------- 3. checkpoints
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    """A finished tiny GRPO run made by the CLI (checkpoint, metrics, summary)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    assert main(["grpo", *TINY, "--output-dir", str(out)]) == 0
+    return out
+
+
+def _copy(finished, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(finished, out)
+    return out
+
+
+def test_checkpoint_is_loadable_with_weights_only_and_has_header(finished):
+    with open(finished / "checkpoint.pt", "rb") as fh:
+        header = fh.readline()
+        payload = fh.read()
+    assert header.startswith(b"AGENTIC-RL-CHECKPOINT 1 sha256=")
+    state = torch.load(io.BytesIO(payload), weights_only=True)  # no pickle of arbitrary objects
+    assert (
+        state["phase"] == "grpo"
+        and state["step"] == 2
+        and isinstance(state["rng"]["numpy"]["keys"], torch.Tensor)
+    )
+    assert ckpt.load(str(finished / "checkpoint.pt"))["config"]["seed"] == 0
+
+
+def _flip_bit(path, offset_from_end=100):
+    data = bytearray(open(path, "rb").read())
+    data[len(data) - offset_from_end] ^= 0x01
+    open(path, "wb").write(bytes(data))
+
+
+def _truncate(path):
+    data = open(path, "rb").read()
+    open(path, "wb").write(data[: len(data) // 2])
+
+
+def _foreign_torch(path):
+    torch.save({"model": {"w": torch.zeros(2)}, "step": 3}, path)
+
+
+def _random_bytes(path):
+    open(path, "wb").write(os.urandom(4096))
+
+
+def _flip_header_bit(path):
+    data = bytearray(open(path, "rb").read())
+    data[40] ^= 0x01  # inside the hex digest
+    open(path, "wb").write(bytes(data))
+
+
+class _Payload:
+    """Unpickling this runs code: it creates the marker file."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').close()",))
+
+
+FAULTS = {
+    "bit-flip": (_flip_bit, "is corrupt"),
+    "header-bit-flip": (_flip_header_bit, "corrupt"),
+    "truncated": (_truncate, "truncated"),
+    "foreign-torch-save": (_foreign_torch, "not an agentic_rl checkpoint"),
+    "random-file": (_random_bytes, "not an agentic_rl checkpoint"),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_bad_checkpoint_stops_with_a_named_error_and_deletes_nothing(
+    capsys, finished, tmp_path, fault
+):
+    out = _copy(finished, tmp_path)
+    damage, words = FAULTS[fault]
+    damage(str(out / "checkpoint.pt"))
+    before = _snapshot(out)
+    code, stdout, err = _cli(capsys, "grpo", *TINY, "--max-steps", "3", "--output-dir", str(out))
+    line = _assert_one_line_error(code, err)
+    assert code == 1 and f"checkpoint {out / 'checkpoint.pt'}" in line and words in line, line
+    assert "Nothing was deleted" in line and "--output-dir" in line
+    assert _snapshot(out) == before
+    with pytest.raises(CheckpointError, match=words):  # the Python API says the same
+        GRPOTrainer(GRPOConfig.from_profile("quick", **_tiny_kwargs(out))).train()
+    assert _snapshot(out) == before
+
+
+def _tiny_kwargs(out, **kw):
+    from agentic_rl.config import config_from_args
+
+    c = config_from_args(GRPOConfig, [*TINY, "--output-dir", str(out)], prog="t")
+    return {**{k: v for k, v in c.to_dict().items() if k != "profile"}, **kw}
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["raw-pickle", "valid-header-and-hash"])
+def test_malicious_checkpoint_runs_no_code(capsys, finished, tmp_path, wrapped):
+    marker = tmp_path / "PAYLOAD_RAN"
+    # the payload is real: the old loader (weights_only=False) runs it
+    probe = tmp_path / "probe.pt"
+    torch.save({"x": _Payload(str(tmp_path / "probe_ran"))}, probe)
+    torch.load(probe, weights_only=False)
+    assert (tmp_path / "probe_ran").exists()
+
+    out = _copy(finished, tmp_path)
+    state = {"phase": "grpo", "step": 0, "config": {}, "evil": _Payload(str(marker))}
+    if (
+        wrapped
+    ):  # a correct header and hash around a malicious pickle: weights_only still refuses it
+        ckpt.save(state, str(out / "checkpoint.pt"))
+    else:
+        torch.save(state, out / "checkpoint.pt")
+    before = _snapshot(out)
+    code, _, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+    line = _assert_one_line_error(code, err)
+    assert code == 1 and "checkpoint" in line and str(out) in line
+    assert not marker.exists()
+    with pytest.raises(CheckpointError):
+        GRPOTrainer(GRPOConfig.from_profile("quick", **_tiny_kwargs(out))).train()
+    assert not marker.exists()
+    assert _snapshot(out) == before
+    r = _run("grpo", *TINY, "--output-dir", str(out))  # and in a real process
+    assert (
+        r.returncode == 1
+        and "Traceback" not in r.stderr
+        and r.stderr.startswith("error: checkpoint ")
+    )
+    assert not marker.exists()
+
+
+def test_plain_pickle_file_is_refused(tmp_path):
+    path = tmp_path / "checkpoint.pt"
+    path.write_bytes(pickle.dumps({"a": _Payload(str(tmp_path / "ran"))}))
+    with pytest.raises(CheckpointError, match="not an agentic_rl checkpoint"):
+        ckpt.load(str(path))
+    assert not (tmp_path / "ran").exists()
+
+
+def test_newer_format_version_is_named(tmp_path):
+    path = str(tmp_path / "checkpoint.pt")
+    ckpt.save({"a": 1}, path)
+    data = open(path, "rb").read().replace(b"CHECKPOINT 1 ", b"CHECKPOINT 9 ", 1)
+    open(path, "wb").write(data)
+    with pytest.raises(CheckpointError, match="format 9; this agentic_rl reads format 1"):
+        ckpt.load(path)
+
+
+# --------------------------------------------------------------------------- 4. resume edge cases
+
+
+def test_config_mismatch_is_a_named_error_showing_old_and_new(capsys, finished, tmp_path):
+    out = _copy(finished, tmp_path)
+    before = _snapshot(out)
+    code, _, err = _cli(
+        capsys, "grpo", *TINY, "--learning-rate", "0.5", "--beta", "0.1", "--output-dir", str(out)
+    )
+    line = _assert_one_line_error(code, err)
+    assert "learning_rate: 0.0001 in the checkpoint (got 0.5)" in line, line
+    assert "beta: 0.0 in the checkpoint (got 0.1)" in line and "--resume false" in line
+    assert _snapshot(out) == before
+    with pytest.raises(ConfigMismatchError) as exc:
+        GRPOTrainer(
+            GRPOConfig.from_profile("quick", **_tiny_kwargs(out, learning_rate=0.5))
+        ).train()
+    assert exc.value.differences == {"learning_rate": (1e-4, 0.5)}
+
+
+def test_max_steps_below_the_checkpoint_is_a_named_error(capsys, finished, tmp_path):
+    out = _copy(finished, tmp_path)
+    before = _snapshot(out)
+    code, _, err = _cli(capsys, "grpo", *TINY, "--max-steps", "1", "--output-dir", str(out))
+    line = _assert_one_line_error(code, err)
+    assert (
+        line.startswith("error: max_steps: ")
+        and "already done 2 RL steps" in line
+        and line.endswith("(got 1)")
+    )
+    assert code == 2 and _snapshot(out) == before
+
+
+def test_finished_run_re_invoked_is_complete_and_changes_nothing(capsys, finished, tmp_path):
+    out = _copy(finished, tmp_path)
+    time.sleep(0.01)
+    before = _snapshot(out)
+    code, stdout, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+    assert code == 0 and "already complete" in err and "nothing was changed" in err, err
+    assert '"rl_steps": 2' in stdout
+    assert _snapshot(out) == before  # bytes and mtimes of every file
+    assert sorted(os.listdir(out)) == sorted(before)
+
+
+def test_cli_prints_where_it_wrote_its_files(capsys, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+    assert code == 0
+    assert f"wrote to {out}:" in err
+    for name in ("checkpoint.pt", "metrics.csv", "sft_metrics.csv", "summary.json"):
+        assert f"  {out / name}" in err.splitlines()
+    code, _, err = _cli(capsys, "grpo", *TINY)
+    assert code == 0 and "nothing was written" in err
+
+
+def test_wall_time_accumulates_across_resumes(tmp_path, tiny_config):
+    out = tmp_path / "run"
+
+    class SlowThenCrash(GRPOTrainer):
+        def compute_loss(self, batch, advantages):
+            if self.step == 0:
+                time.sleep(0.3)
+            if self.step == 2:
+                raise RuntimeError("simulated crash")
+            return super().compute_loss(batch, advantages)
+
+    config = dict(output_dir=str(out), max_steps=3, save_steps=1)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        SlowThenCrash(tiny_config(**config)).train()
+    saved = ckpt.load(str(out / "checkpoint.pt"))
+    assert saved["step"] == 2 and saved["wall_time"] >= 0.3  # the time before the crash is kept
+    summary = GRPOTrainer(tiny_config(**config)).train()
+    assert summary["wall_time_s"] > saved["wall_time"]
+
+
+# --------------------------------------------------------------------------- 5. one run per folder
+
+
+def test_second_run_in_a_folder_is_refused(capsys, tmp_path, tiny_config):
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = open(out / ckpt.LOCK_FILE, "a")  # another open file description: as another process
+    fcntl.flock(holder.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        code, _, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+        line = _assert_one_line_error(code, err)
+        assert code == 1 and line.startswith("error: output_dir: another run is using"), line
+        with pytest.raises(RunLockedError):
+            GRPOTrainer(tiny_config(output_dir=str(out))).train()
+        assert not (out / "checkpoint.pt").exists()
+    finally:
+        holder.close()
+    GRPOTrainer(tiny_config(output_dir=str(out))).train()  # released: the run goes ahead
+
+
+def test_lock_of_a_killed_process_is_not_stale(tmp_path, tiny_config):
+    out = tmp_path / "run"
+    code = (
+        "import sys, time; from agentic_rl.checkpoint import run_lock\n"
+        "with run_lock(sys.argv[1]):\n    print('locked', flush=True); time.sleep(600)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "locked"
+        with pytest.raises(RunLockedError, match="another run is using"):
+            GRPOTrainer(tiny_config(output_dir=str(out))).train()
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert (out / ckpt.LOCK_FILE).exists()  # the file stays; the lock died with the process
+    GRPOTrainer(tiny_config(output_dir=str(out))).train()
+
+
+# --------------------------------------------------------------------------- 6. kill -9 and resume
+
+
+def _rows(path):
+    with open(path) as fh:
+        return [
+            {k: v for k, v in r.items() if k not in ("tokens_per_s", "step_time")}
+            for r in csv.DictReader(fh)
+        ]
+
+
+@pytest.mark.parametrize(
+    "recipe,argv", [("grpo", [*TINY, "--max-steps", "6", "--save-steps", "1"]), ("ppo", TINY_PPO)]
+)
+def test_kill_9_and_resume_is_identical(tmp_path, recipe, argv):
+    a, b = tmp_path / "a", tmp_path / "b"
+    r = _run(recipe, *argv, "--output-dir", str(a))
+    assert r.returncode == 0, r.stderr
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agentic_rl", recipe, *argv, "--output-dir", str(b)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and not (b / "metrics.csv").exists():  # an RL step is checkpointed
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    killed_at = ckpt.load(str(b / "checkpoint.pt"))
+    assert killed_at["phase"] == "grpo" and "after" not in killed_at["evals"]  # killed mid-run
+    r = _run(recipe, *argv, "--output-dir", str(b))
+    assert r.returncode == 0, r.stderr
+    assert _rows(b / "metrics.csv") == _rows(a / "metrics.csv")
+    sa, sb = ckpt.load(str(a / "checkpoint.pt")), ckpt.load(str(b / "checkpoint.pt"))
+    assert sa["evals"] == sb["evals"]
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    assert sb["wall_time"] > 0 and not math.isnan(sb["wall_time"])
+
+
+def test_run_errors_share_one_base():
+    assert issubclass(ConfigError, RunError) and issubclass(CheckpointError, RunError)
+    assert issubclass(RunLockedError, RunError) and issubclass(ConfigMismatchError, ValueError)
