@@ -11,7 +11,9 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from agentic_rl.advantages import gae, group_advantages, masked_whiten, rloo_advantages
+from agentic_rl.advantages import (
+    explained_variance, gae, group_advantages, masked_whiten, rloo_advantages,
+)
 
 F64 = torch.float64
 
@@ -265,3 +267,19 @@ def test_masked_whiten_unbiased_var_eps_under_sqrt_and_zero_on_mask():
     assert_close(masked_whiten(x, mask, eps=0.0), t([[-1.0, 0.0], [1.0, 0.0]]))
     # eps = 3 sits under the sqrt: (x-2)/sqrt(1+3) = ±0.5   (std+eps would give ±0.25)
     assert_close(masked_whiten(x, mask, eps=3.0), t([[-0.5, 0.0], [0.5, 0.0]]))
+
+
+def test_explained_variance_uses_the_variance_of_the_residual():
+    # verl / Stable-Baselines3: 1 - Var(R - V) / Var(R). A critic right up to a constant offset explains
+    # all the variance (1.0); the mean-square form 1 - mean((R - V)^2) / Var(R) would give 1 - 4/1.25 < 0.
+    returns = torch.tensor([[1.0, 2.0, 3.0, 4.0, 99.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])  # the last column is padding
+    assert explained_variance(returns + 2.0, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.full_like(returns, 2.5), returns, mask) == pytest.approx(0.0)
+    gen = torch.Generator().manual_seed(0)
+    r, v = torch.randn(4, 7, generator=gen), torch.randn(4, 7, generator=gen)
+    m = (torch.rand(4, 7, generator=gen) > 0.3).float()
+    rv, vv = r[m.bool()].double(), v[m.bool()].double()
+    expected = 1 - torch.var(rv - vv) / torch.var(rv)
+    assert explained_variance(v, r, m) == pytest.approx(expected.item())
+    assert math.isnan(explained_variance(v, torch.ones_like(r), m))  # returns that do not vary

@@ -145,15 +145,30 @@ def test_dual_clip_bounds_negative_advantage_loss_value_and_gradient():
 def test_metrics_hand_computed_over_valid_tokens_only():
     # valid: (rho 1.1, A 1) inside the band; (rho .5, A -1) clipped low. Third token masked (junk).
     # clip_ratio 1/2, low 1/2, high 0; ratio_mean (1.1+.5)/2 = .8
-    # approx_kl = mean(exp(-lr) + lr - 1): 1/1.1 + ln 1.1 - 1 = 0.0044011 ; 2 + ln .5 - 1 = 0.3068528
-    #           -> 0.1556270
+    # approx_kl = mean(rho - 1 - ln rho): 0.1 - ln 1.1 = 0.0046898 ; -0.5 - ln .5 = 0.1931472
+    #           -> 0.0989185
     logp = torch.log(t([[1.1, 0.5, 50.0]]))
     _, m = policy_loss(logp, torch.zeros_like(logp), t([[1.0, -1.0, 1.0]]), t([[1.0, 1.0, 0.0]]))
     assert m["clip_ratio"] == pytest.approx(0.5)
     assert m["clip_ratio_low"] == pytest.approx(0.5)
     assert m["clip_ratio_high"] == pytest.approx(0.0)
     assert m["ratio_mean"] == pytest.approx(0.8)
-    assert m["approx_kl"] == pytest.approx((0.00440108889523394 + 0.3068528194400546) / 2)
+    assert m["approx_kl"] == pytest.approx((0.004689820195675 + 0.1931471805599453) / 2)
+
+
+def test_approx_kl_is_unbiased_for_kl_old_to_new_on_samples_from_old():
+    # The tokens a rollout scores were sampled by pi_old, so approx_kl must estimate KL(old || new)
+    # from samples of pi_old. Draw many tokens from a categorical pi_old and compare with the exact KL.
+    # (The former 1/rho + log rho - 1 has expectation sum old^2/new - 1 - KL(old || new): not a KL.)
+    gen = torch.Generator().manual_seed(0)
+    old = torch.softmax(torch.randn(6, generator=gen, dtype=torch.float64), 0)
+    new = torch.softmax(torch.log(old) + torch.randn(6, generator=gen, dtype=torch.float64), 0)
+    exact = float((old * (old.log() - new.log())).sum())
+    tokens = torch.multinomial(old, 200_000, replacement=True, generator=gen)
+    logp, old_logp = new.log()[tokens][None], old.log()[tokens][None]
+    _, m = policy_loss(logp, old_logp, torch.zeros_like(logp), torch.ones_like(logp))
+    assert exact > 0.05
+    assert m["approx_kl"] == pytest.approx(exact, rel=0.03)
 
 
 @pytest.mark.parametrize("agg", ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])

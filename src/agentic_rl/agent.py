@@ -3,16 +3,18 @@
 :class:`AgentTrainer` is the GRPO trainer with four pieces swapped, and nothing else copied:
 
 - ``rollout``: the multi-turn agent loop (``agentic_rl.multiturn``) instead of single-turn sampling;
-- ``compute_advantages``: GAE over generated tokens with the critic's values (eqs. gae-delta, gae-rec of
-  the GAE chapter), observation tokens skipped inside the recursion; or GRPO's group advantage;
+- ``compute_advantages``: GAE over generated tokens with the critic's values (eqs. gae-delta,
+  gae-rec of the GAE chapter), observation tokens skipped inside the recursion; or GRPO's group
+  advantage;
 - ``compute_loss``: the same clipped policy loss, plus the critic's clipped value loss;
 - ``sft_batch`` / ``evaluate``: whole-episode demonstrations and success rates.
 
-The critic is a **separate small model** (:class:`ValueModel`) initialised from the SFT policy's trunk,
-as verl and RAGEN do (a separate critic worker), rather than a value head on the policy itself. Why: a
-shared trunk makes the value loss pull on the policy's features, with a weight (``vf_coef``) that has to
-be tuned against the policy loss; a separate critic costs one more forward/backward of a (here tiny)
-model and keeps the two objectives apart, which is easier to reason about when teaching.
+The critic is a **separate small model** (:class:`ValueModel`) initialised from the SFT policy's
+trunk, as verl and RAGEN do (a separate critic worker), rather than a value head on the policy
+itself. Why: a shared trunk makes the value loss pull on the policy's features, with a weight
+(``vf_coef``) that has to be tuned against the policy loss; a separate critic costs one more
+forward/backward of a (here tiny) model and keeps the two objectives apart, which is easier to
+reason about when teaching.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import copy
 import torch
 from torch import nn
 
-from .advantages import gae, group_advantages, masked_mean, masked_whiten
+from .advantages import explained_variance, gae, group_advantages, masked_mean, masked_whiten
 from .config import PPOConfig
 from .envs import make_env
 from .losses import aggregate
@@ -33,56 +35,75 @@ __all__ = ["ValueModel", "AgentTrainer", "run_ppo", "evaluate_agent"]
 
 
 class ValueModel(nn.Module):
-    """A critic: a decoder trunk and a scalar head. ``values[:, t]`` = V(state in which token t is chosen).
+    """A critic: a decoder trunk and a scalar head.
+    ``values[:, t]`` = V(state in which token t is chosen).
 
     The head reads the hidden state *after* token ``t-1``, i.e. the context before token ``t`` — the
-    same alignment as ``sequence_logprobs`` (column 0 is 0). ``forward`` also returns the head on every
-    position (``after[:, t]`` = V(state after token t)), which the bootstrap of a truncated episode needs.
+    same alignment as ``sequence_logprobs`` (column 0 is 0). ``forward`` also returns the head on
+    every position (``after[:, t]`` = V(state after token t)), which the bootstrap of a truncated
+    episode needs.
     """
 
     def __init__(self, backbone: nn.Module, hidden_size: int):
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(self.head.weight)  # V = 0 everywhere at the start: no made-up value estimates
+        nn.init.zeros_(
+            self.head.weight
+        )  # V = 0 everywhere at the start: no made-up value estimates
         nn.init.zeros_(self.head.bias)
 
     @classmethod
     def from_policy(cls, policy) -> "ValueModel":
-        """A critic whose trunk is a copy of the policy's (its features already know the task's text)."""
+        """A critic whose trunk is a copy of the policy's
+        (its features already know the task's text)."""
         base = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
         backbone = copy.deepcopy(base.model)
         for p in backbone.parameters():
             p.requires_grad_(True)
         return cls(backbone, base.config.hidden_size)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+        hidden = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids
+        ).last_hidden_state
         after = self.head(hidden).squeeze(-1).float()  # [B, T]: value of the state after each token
         values = nn.functional.pad(after[:, :-1], (1, 0), value=0.0)
         return values, after
 
 
 class AgentTrainer(GRPOTrainer):
-    """SFT on demonstrations, then PPO+GAE (``advantage_estimator="gae"``) or GRPO, on a multi-turn env."""
+    """SFT on demonstrations, then PPO+GAE (``advantage_estimator="gae"``) or GRPO,
+    on a multi-turn env."""
 
     config: PPOConfig
 
     def __init__(self, config: PPOConfig, *, model=None, tokenizer=None):
         self.critic = None
         super().__init__(config, model=model, tokenizer=tokenizer)
-        if config.advantage_estimator == "gae" and self.phase == "grpo":  # no SFT phase: RL starts now
+        if (
+            config.advantage_estimator == "gae" and self.phase == "grpo"
+        ):  # no SFT phase: RL starts now
             self._make_critic()
             self.optimizer = self._make_optimizer()
 
     # ------------------------------------------------------------------ construction
     def _make_task(self):
         c = self.config
-        return make_env(c.env, size=c.map_size, is_slippery=c.is_slippery, p_frozen=c.p_frozen, max_turns=c.max_turns)
+        return make_env(
+            c.env,
+            size=c.map_size,
+            is_slippery=c.is_slippery,
+            p_frozen=c.p_frozen,
+            max_turns=c.max_turns,
+        )
 
     def _make_eval_set(self):
-        # Held-out episode seeds (maps), disjoint from the training seeds, which are drawn below 10**6.
+        # Held-out episode seeds (maps), disjoint from the training seeds,
+        # which are drawn below 10**6.
         return [10**6 + 10_000 * self.config.seed + i for i in range(self.config.eval_size)]
 
     def _make_critic(self):
@@ -91,7 +112,9 @@ class AgentTrainer(GRPOTrainer):
     def _make_optimizer(self):
         opt = super()._make_optimizer()
         if self.phase == "grpo" and self.critic is not None:
-            opt.add_param_group({"params": list(self.critic.parameters()), "lr": self.config.critic_learning_rate})
+            opt.add_param_group(
+                {"params": list(self.critic.parameters()), "lr": self.config.critic_learning_rate}
+            )
         return opt
 
     def _start_grpo(self):
@@ -100,8 +123,11 @@ class AgentTrainer(GRPOTrainer):
         super()._start_grpo()
 
     headline = ("success", "sampled_success")
-    headline_definition = ("success: fraction of held-out episodes that reach the goal, sampling at the training temperature "
-                           "(= sampled_success); greedy_success: with greedy actions")
+    headline_definition = (
+        "success: fraction of held-out episodes that reach the goal, "
+        "sampling at the training temperature (= sampled_success); "
+        "greedy_success: with greedy actions"
+    )
 
     @property
     def max_generated_tokens(self) -> float:
@@ -110,7 +136,11 @@ class AgentTrainer(GRPOTrainer):
     @property
     def extra_metrics(self) -> tuple[str, ...]:
         base = ("num_turns", "success_rate")
-        return base + (("value_loss", "vf_clip_ratio", "explained_variance", "value_mean") if self.critic is not None else ())
+        return base + (
+            ("value_loss", "vf_clip_ratio", "explained_variance", "value_mean")
+            if self.critic is not None
+            else ()
+        )
 
     def _extra_state(self) -> dict:
         return {"critic": self.critic.state_dict() if self.critic is not None else None}
@@ -123,7 +153,8 @@ class AgentTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ SFT on demonstrations
     def sft_batch(self) -> Batch:
-        """Whole expert episodes (some actions replaced at random: ``demo_error_rate``), actions trainable."""
+        """Whole expert episodes (some actions replaced at random: ``demo_error_rate``),
+        actions trainable."""
         c, env = self.config, self.task
         rows = []
         for _ in range(c.sft_batch_size):
@@ -136,19 +167,33 @@ class AgentTrainer(GRPOTrainer):
         return build_segments_batch(self.tokenizer, rows, self.device)
 
     # ------------------------------------------------------------------ rollout
-    def play(self, seeds: list[int], *, group_size: int = 1, greedy: bool = False, ref_model=None) -> Batch:
-        """Play ``group_size`` episodes on each seed's map with the current policy (a fresh env per episode)."""
+    def play(
+        self, seeds: list[int], *, group_size: int = 1, greedy: bool = False, ref_model=None
+    ) -> Batch:
+        """Play ``group_size`` episodes on each seed's map with the current policy
+        (a fresh env per episode)."""
         from .multiturn import rollout_multiturn
 
         c = self.config
         envs = [self._make_task() for _ in range(len(seeds) * group_size)]
         all_seeds = [s for s in seeds for _ in range(group_size)]
         group_ids = torch.arange(len(seeds)).repeat_interleave(group_size)
-        return rollout_multiturn(self.model, self.tokenizer, envs, all_seeds, max_turns=c.max_turns, max_action_tokens=c.max_action_tokens,
-                                 temperature=c.temperature, greedy=greedy, group_ids=group_ids, ref_model=ref_model)
+        return rollout_multiturn(
+            self.model,
+            self.tokenizer,
+            envs,
+            all_seeds,
+            max_turns=c.max_turns,
+            max_action_tokens=c.max_action_tokens,
+            temperature=c.temperature,
+            greedy=greedy,
+            group_ids=group_ids,
+            ref_model=ref_model,
+        )
 
     def rollout(self) -> Batch:
-        """``prompts_per_step`` fresh episode seeds, ``num_generations`` episodes each; critic values attached."""
+        """``prompts_per_step`` fresh episode seeds, ``num_generations`` episodes each;
+        critic values attached."""
         c = self.config
         seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
         batch = self.play(seeds, group_size=c.num_generations, ref_model=self.ref_model)
@@ -158,22 +203,27 @@ class AgentTrainer(GRPOTrainer):
             with torch.no_grad():
                 batch.values, after = self.critic(batch.input_ids, batch.attention_mask)
             if c.bootstrap_truncated:
-                # Truncation is not termination: the state the episode was cut in still has a value. The
-                # rollout keeps that state's observation at the end of a truncated row, so the critic's
-                # value after the row's last token is V(s_T) (the same kind of position that values every
-                # action); add gamma * V(s_T) to the last reward of truncated episodes (eq. gae-delta).
+                # Truncation is not termination: the state the episode was cut in still has a value.
+                # The rollout keeps that state's observation at the end of a truncated row, so the
+                # critic's value after the row's last token is V(s_T) (the same kind of position
+                # that values every action); add gamma * V(s_T) to the last reward of truncated
+                # episodes (eq. gae-delta).
                 last = _last_generated(batch.loss_mask)
                 rows = torch.arange(len(batch), device=last.device)
                 final = batch.attention_mask.sum(1) - 1
                 bootstrap = torch.zeros_like(batch.token_rewards)
-                bootstrap[rows, last] = c.gamma * after[rows, final] * batch.extras["truncated"].to(after.dtype)
-                # kept apart from token_rewards, which stay the environment's (they are what gets logged)
+                bootstrap[rows, last] = (
+                    c.gamma * after[rows, final] * batch.extras["truncated"].to(after.dtype)
+                )
+                # kept apart from token_rewards, which stay the environment's
+                # (they are what gets logged)
                 batch.extras["bootstrap_rewards"] = bootstrap
         return batch
 
     # ------------------------------------------------------------------ advantages and loss
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
-        """GAE on generated tokens (observations skipped), or GRPO's group advantage broadcast to them."""
+        """GAE on generated tokens (observations skipped),
+        or GRPO's group advantage broadcast to them."""
         c = self.config
         mask = batch.loss_mask
         if c.advantage_estimator == "grpo":
@@ -195,10 +245,13 @@ class AgentTrainer(GRPOTrainer):
         c, mask = self.config, batch.loss_mask
         returns = batch.extras["returns"]
         values, _ = self.critic(batch.input_ids, batch.attention_mask)
-        # Clipped value loss (verl compute_value_loss): max of the plain and the clipped squared error.
+        # Clipped value loss (verl compute_value_loss):
+        # max of the plain and the clipped squared error.
         vf_loss_mat = (values - returns) ** 2
         if c.cliprange_value is not None:
-            clipped = batch.values + (values - batch.values).clamp(-c.cliprange_value, c.cliprange_value)
+            clipped = batch.values + (values - batch.values).clamp(
+                -c.cliprange_value, c.cliprange_value
+            )
             vf_clipped = (clipped - returns) ** 2
             metrics["vf_clip_ratio"] = masked_mean((vf_clipped > vf_loss_mat).float(), mask).item()
             vf_loss_mat = torch.maximum(vf_loss_mat, vf_clipped)
@@ -206,16 +259,17 @@ class AgentTrainer(GRPOTrainer):
             metrics["vf_clip_ratio"] = 0.0
         value_loss = 0.5 * aggregate(vf_loss_mat, mask, "token-mean")
         with torch.no_grad():
-            resid = masked_mean((returns - batch.values) ** 2, mask)
-            var = masked_mean((returns - masked_mean(returns, mask)) ** 2, mask)
-            metrics["explained_variance"] = (1 - resid / var.clamp(min=1e-8)).item()
+            # 1 - Var(R - V) / Var(R) over generated tokens (verl, Stable-Baselines3)
+            metrics["explained_variance"] = explained_variance(batch.values, returns, mask)
             metrics["value_mean"] = masked_mean(batch.values, mask).item()
         metrics["value_loss"] = value_loss.item()
         return loss + c.vf_coef * value_loss, metrics
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
-        return evaluate_agent(self, self.eval_problems, samples=self.config.eval_samples, seed=self.config.seed + 1234)
+        return evaluate_agent(
+            self, self.eval_problems, samples=self.config.eval_samples, seed=self.config.seed + 1234
+        )
 
 
 def _last_generated(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -225,7 +279,9 @@ def _last_generated(loss_mask: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate_agent(trainer: AgentTrainer, seeds: list[int], *, samples: int = 4, seed: int = 1234) -> dict:
+def evaluate_agent(
+    trainer: AgentTrainer, seeds: list[int], *, samples: int = 4, seed: int = 1234
+) -> dict:
     """Greedy and sampled success rate (and format rate, mean turns) on held-out episode seeds."""
     out = {}
     with _fixed_rng(seed, trainer.device):
@@ -238,5 +294,6 @@ def evaluate_agent(trainer: AgentTrainer, seeds: list[int], *, samples: int = 4,
 
 
 def run_ppo(config: PPOConfig) -> dict:
-    """The PPO recipe headless (``python -m agentic_rl ppo``): metrics.csv, summary.json in ``output_dir``."""
+    """The PPO recipe headless (``python -m agentic_rl ppo``):
+    metrics.csv, summary.json in ``output_dir``."""
     return run_recipe(AgentTrainer(config))

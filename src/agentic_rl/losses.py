@@ -1,8 +1,10 @@
-"""Policy-gradient losses, KL estimators and loss aggregation, as pure functions on ``[B, T]`` tensors.
+"""Policy-gradient losses, KL estimators and loss aggregation,
+as pure functions on ``[B, T]`` tensors.
 
 ``mask`` is the Batch's ``loss_mask``: 1 on tokens the policy generated, 0 on prompt, observation,
-tool-output and padding tokens. Every loss here is a *per-token matrix* reduced by :func:`aggregate`, so
-the reduction (a real design choice, see the GRPO chapter) is one argument, named for what it computes.
+tool-output and padding tokens. Every loss here is a *per-token matrix* reduced by
+:func:`aggregate`, so the reduction (a real design choice, see the GRPO chapter) is one argument,
+named for what it computes.
 """
 
 from __future__ import annotations
@@ -22,11 +24,19 @@ __all__ = [
     "token_logprobs",
 ]
 
-AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
+AGG_MODES = (
+    "token-mean",
+    "token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-sum-norm",
+)
 
-#: TRL ``GRPOConfig.loss_type`` names and the aggregation each computes (on one device, no accumulation).
+#: TRL ``GRPOConfig.loss_type`` names and the aggregation each computes
+#: (on one device, no accumulation).
 LOSS_TYPE_ALIASES = {
-    "grpo": "seq-mean-token-mean",  # DeepSeekMath eq. 3: mean over tokens of a sequence, then over sequences
+    # DeepSeekMath eq. 3: mean over tokens of a sequence, then over sequences
+    "grpo": "seq-mean-token-mean",
     "bnpo": "token-mean",  # mean over all valid tokens of the (local) batch
     "dapo": "token-mean",  # same, over the global accumulated batch; identical without accumulation
     "dr_grpo": "seq-mean-token-sum-norm",  # token sum / (num sequences * max_completion_length)
@@ -39,25 +49,39 @@ def resolve_agg_mode(name: str) -> str:
         return name
     if name in LOSS_TYPE_ALIASES:
         return LOSS_TYPE_ALIASES[name]
-    raise ValueError(f"unknown loss aggregation {name!r}: expected one of {AGG_MODES} or a TRL loss_type {tuple(LOSS_TYPE_ALIASES)}")
+    raise ValueError(
+        f"unknown loss aggregation {name!r}: expected one of {AGG_MODES} "
+        f"or a TRL loss_type {tuple(LOSS_TYPE_ALIASES)}"
+    )
 
 
-def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean", *, norm_constant: float | None = None) -> torch.Tensor:
+def aggregate(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token-mean",
+    *,
+    norm_constant: float | None = None,
+) -> torch.Tensor:
     """Reduce a per-token loss matrix ``[B, T]`` to a scalar (eq. agg of the GRPO chapter).
 
-    With ``l_it`` the loss of token t of row i, ``m_it`` its mask, ``|o_i| = sum_t m_it`` and ``B'`` the
-    number of rows with at least one valid token:
+    With ``l_it`` the loss of token t of row i, ``m_it`` its mask, ``|o_i| = sum_t m_it`` and ``B'``
+    the number of rows with at least one valid token:
 
-    - ``token-mean``:              ``sum_it m l / sum_it m``              (DAPO, PPO, TRL ``bnpo``/``dapo``)
+    - ``token-mean``:              ``sum_it m l / sum_it m``
+      (DAPO, PPO, TRL ``bnpo``/``dapo``)
     - ``token-sum``:               ``sum_it m l``
-    - ``seq-mean-token-mean``:     ``1/B' sum_i (sum_t m l) / |o_i|``    (DeepSeekMath GRPO, TRL ``grpo``)
+    - ``seq-mean-token-mean``:     ``1/B' sum_i (sum_t m l) / |o_i|``
+      (DeepSeekMath GRPO, TRL ``grpo``)
     - ``seq-mean-token-sum``:      ``1/B' sum_i sum_t m l``
-    - ``seq-mean-token-sum-norm``: ``1/B' sum_i (sum_t m l) / L``        (Dr. GRPO, TRL ``dr_grpo``)
+    - ``seq-mean-token-sum-norm``: ``1/B' sum_i (sum_t m l) / L``
+      (Dr. GRPO, TRL ``dr_grpo``)
 
-    ``L`` is ``norm_constant`` when given, else the padded width ``T``; keep it constant across steps
-    (e.g. ``max_completion_length``) to remove the length bias for real. Rows with no valid token do not
-    count in the seq-mean modes. (verl's ``seq-mean-token-sum-norm`` omits the ``1/B'``: a constant
-    factor for a fixed batch size, i.e. a different learning rate.)
+    ``L`` is ``norm_constant`` when given, else the padded width ``T``; keep it constant across
+    steps (e.g. ``max_completion_length``) to remove the length bias for real. Rows with no valid
+    token do not count in the seq-mean modes. (verl's ``seq-mean-token-sum-norm`` omitted the
+    ``1/B'`` in early 2026 (commit b178a3c); verl 0.9.1 divides by it, as here and TRL. For a fixed
+    batch size the two differ by a constant factor, which Adam cancels: it matters only through
+    gradient clipping.)
     """
     mode = resolve_agg_mode(mode)
     mask = mask.to(loss_mat.dtype)
@@ -92,25 +116,30 @@ def policy_loss(
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate, as a loss to minimise (eq. clip of the foundations chapter).
 
-    Per token, with ``rho = exp(logprobs - old_logprobs)`` (the log-ratio is clamped to [-20, 20] before
-    ``exp``, as verl does, so one wild token cannot overflow)::
+    Per token, with ``rho = exp(logprobs - old_logprobs)`` (the log-ratio is clamped to [-20, 20]
+    before ``exp``, as verl does, so one wild token cannot overflow)::
 
         l = max(-A * rho, -A * clip(rho, 1 - epsilon, 1 + epsilon_high))
 
-    which is ``-min(rho A, clip(rho) A)``. ``epsilon_high`` defaults to ``epsilon`` (symmetric clip);
-    a larger value is DAPO's clip-higher. With ``dual_clip = c > 1``, tokens with ``A < 0`` are further
-    bounded by ``min(l, -c A)`` (dual-clip PPO: a token whose ratio exploded cannot push the loss without
-    bound). ``advantages`` has shape ``[B, T]`` (broadcast a per-sequence advantage with ``A[:, None]``).
+    which is ``-min(rho A, clip(rho) A)``. ``epsilon_high`` defaults to ``epsilon`` (symmetric
+    clip); a larger value is DAPO's clip-higher. With ``dual_clip = c > 1``, tokens with ``A < 0``
+    are further bounded by ``min(l, -c A)`` (dual-clip PPO: a token whose ratio exploded cannot push
+    the loss without bound). ``advantages`` has shape ``[B, T]`` (broadcast a per-sequence advantage
+    with ``A[:, None]``).
 
-    Returns ``(loss, metrics)``. Metrics (floats, over valid tokens): ``clip_ratio`` (fraction of tokens
-    whose clipped term was the active one, i.e. the gradient was cut), ``clip_ratio_low`` /
-    ``clip_ratio_high`` (split by which bound), ``dual_clip_ratio``, ``ratio_mean``, and ``approx_kl``
-    (the k3 estimate of KL(old || new), how far the update moved the policy).
+    Returns ``(loss, metrics)``. Metrics (floats, over valid tokens): ``clip_ratio`` (fraction of
+    tokens whose clipped term was the active one, i.e. the gradient was cut), ``clip_ratio_low`` /
+    ``clip_ratio_high`` (split by which bound), ``dual_clip_ratio``, ``ratio_mean``, and
+    ``approx_kl`` (how far the update moved the policy: the k3 estimate of KL(old || new) from
+    tokens sampled by pi_old, ``rho - 1 - log rho``, whose expectation under pi_old is exactly that
+    KL).
     """
     if epsilon_high is None:
         epsilon_high = epsilon
     if epsilon < 0 or epsilon_high < epsilon:
-        raise ValueError(f"need 0 <= epsilon <= epsilon_high, got epsilon={epsilon}, epsilon_high={epsilon_high}")
+        raise ValueError(
+            f"need 0 <= epsilon <= epsilon_high, got epsilon={epsilon}, epsilon_high={epsilon_high}"
+        )
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1, got {dual_clip}")
     log_ratio = torch.clamp(logprobs - old_logprobs, -20.0, 20.0)
@@ -131,16 +160,21 @@ def policy_loss(
         metrics = {
             "clip_ratio": masked_mean(active.to(m.dtype), m).item(),
             "clip_ratio_low": masked_mean((active & (ratio < 1.0 - epsilon)).to(m.dtype), m).item(),
-            "clip_ratio_high": masked_mean((active & (ratio > 1.0 + epsilon_high)).to(m.dtype), m).item(),
+            "clip_ratio_high": masked_mean(
+                (active & (ratio > 1.0 + epsilon_high)).to(m.dtype), m
+            ).item(),
             "dual_clip_ratio": masked_mean(dual_active.to(m.dtype), m).item(),
             "ratio_mean": masked_mean(ratio, m).item(),
-            "approx_kl": masked_mean(torch.exp(-log_ratio) + log_ratio - 1.0, m).item(),
+            "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m).item(),  # k3 of KL(old || new)
         }
     return loss, metrics
 
 
-def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3") -> torch.Tensor:
-    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta (eqs. k1-k3, foundations).
+def kl_penalty(
+    logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k3"
+) -> torch.Tensor:
+    """Per-token estimate of KL(pi_theta || pi_ref) from samples of pi_theta
+    (eqs. k1-k3, foundations).
 
     With ``x = ref_logprobs - logprobs`` (log of ``pi_ref / pi_theta`` at the sampled token):
 
@@ -165,7 +199,9 @@ def kl_penalty(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "
 def token_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """``log softmax(logits)[..., label]`` without materialising the full log-softmax twice."""
     logits = logits.float()
-    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+    return torch.gather(logits, -1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(
+        logits, dim=-1
+    )
 
 
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,15 @@
-"""The few figure types the book repeats: learning curves (several runs or seeds), and advantage histograms."""
+"""The few figure types the book repeats: learning curves (several runs or seeds),
+and advantage histograms."""
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["smooth", "plot_metrics", "plot_runs", "plot_advantages"]
+__all__ = ["smooth", "plot_metrics", "plot_runs", "plot_seeds", "plot_advantages", "seed_spread"]
+
+#: Widest figure, in inches: the book's text column shows it at full size (readable text)
+#: at 100 dpi.
+MAX_WIDTH = 9.0
 
 LABELS = {
     "reward_mean": "mean reward",
@@ -13,6 +18,8 @@ LABELS = {
     "kl": "KL(pi || pi_ref), k3",
     "entropy": "entropy (nats/token)",
     "clip_ratio": "clip ratio",
+    "vf_clip_ratio": "value clip ratio",
+    "approx_kl": "KL(pi_old || pi), k3",
     "grad_norm": "grad norm",
     "completion_length": "completion length (tokens)",
     "success_rate": "success rate (sampled)",
@@ -32,13 +39,24 @@ def smooth(values, window: int = 1) -> np.ndarray:
     return (c[1:] - c[np.maximum(np.arange(1, len(v) + 1) - window, 0)]) / n
 
 
-def plot_metrics(history: list[dict], keys=("reward_mean", "accuracy", "frac_reward_zero_std", "kl"), *, window: int = 10, ncols: int = 2,
-                 title: str | None = None, xlabel: str = "GRPO step"):
-    """One panel per metric of one run: raw values faint, moving average bold. Returns the figure."""
+def plot_metrics(
+    history: list[dict],
+    keys=("reward_mean", "accuracy", "frac_reward_zero_std", "kl"),
+    *,
+    window: int = 10,
+    ncols: int = 2,
+    title: str | None = None,
+    xlabel: str = "GRPO step",
+):
+    """One panel per metric of one run: raw values faint, moving average bold.
+    Returns the figure."""
     import matplotlib.pyplot as plt
 
     nrows = int(np.ceil(len(keys) / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.2 * ncols, 2.8 * nrows), squeeze=False)
+    width = min(4.2 * ncols, MAX_WIDTH)
+    fig, axes = plt.subplots(
+        nrows, ncols, figsize=(width, width / ncols * 0.67 * nrows), squeeze=False
+    )
     steps = [r["step"] for r in history]
     for ax, key in zip(axes.flat, keys):
         vals = [r[key] for r in history]
@@ -47,7 +65,7 @@ def plot_metrics(history: list[dict], keys=("reward_mean", "accuracy", "frac_rew
         ax.set_title(LABELS.get(key, key), fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     if title:
         fig.suptitle(title)
@@ -55,14 +73,71 @@ def plot_metrics(history: list[dict], keys=("reward_mean", "accuracy", "frac_rew
     return fig
 
 
-def plot_runs(histories: dict[str, list[dict]], keys=("accuracy",), *, window: int = 10, title: str | None = None, xlabel: str = "GRPO step"):
-    """Several runs (labels -> histories) on shared panels, one panel per metric. Returns the figure."""
+def plot_runs(
+    histories: dict[str, list[dict]],
+    keys=("accuracy",),
+    *,
+    window: int = 10,
+    title: str | None = None,
+    xlabel: str = "GRPO step",
+):
+    """Several runs (labels -> histories) on shared panels, one panel per metric.
+    Returns the figure."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.0), squeeze=False)
+    fig, axes = plt.subplots(
+        1, len(keys), figsize=(min(4.5 * len(keys), MAX_WIDTH), 3.0), squeeze=False
+    )
     for ax, key in zip(axes.flat, keys):
         for i, (label, hist) in enumerate(histories.items()):
-            ax.plot([r["step"] for r in hist], smooth([r[key] for r in hist], window), color=f"C{i}", lw=2, label=label)
+            ax.plot(
+                [r["step"] for r in hist],
+                smooth([r[key] for r in hist], window),
+                color=f"C{i}",
+                lw=2,
+                label=label,
+            )
+        ax.set_title(LABELS.get(key, key), fontsize=10)
+        ax.set_xlabel(xlabel)
+        ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def seed_spread(values) -> str:
+    """``"mean ± sd (min to max), n seeds"`` of one number measured on several seeds (sd: N-1)."""
+    v = np.asarray(list(values), dtype=float)
+    sd = v.std(ddof=1) if len(v) > 1 else 0.0
+    return f"{v.mean():.3f} ± {sd:.3f} (min {v.min():.3f}, max {v.max():.3f}; {len(v)} seeds)"
+
+
+def plot_seeds(
+    runs: dict[str, list[list[dict]]],
+    keys=("accuracy",),
+    *,
+    window: int = 10,
+    title: str | None = None,
+    xlabel: str = "GRPO step",
+):
+    """Runs repeated over seeds (label -> one history per seed): the mean of the seeds' smoothed
+    curves in bold, the band between the lowest and the highest seed shaded. Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(
+        1, len(keys), figsize=(min(4.5 * len(keys), MAX_WIDTH), 3.2), squeeze=False
+    )
+    for ax, key in zip(axes.flat, keys):
+        for i, (label, hists) in enumerate(runs.items()):
+            n = min(len(h) for h in hists)
+            curves = np.stack([smooth([r[key] for r in h[:n]], window) for h in hists])
+            steps = [r["step"] for r in hists[0][:n]]
+            ax.fill_between(steps, curves.min(0), curves.max(0), color=f"C{i}", alpha=0.2, lw=0)
+            ax.plot(
+                steps, curves.mean(0), color=f"C{i}", lw=2, label=f"{label} ({len(hists)} seeds)"
+            )
         ax.set_title(LABELS.get(key, key), fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)

@@ -1,9 +1,11 @@
-"""Rollouts: sample completions with ``generate`` and pack them, with their scores, into a :class:`Batch`.
+"""Rollouts: sample completions with ``generate`` and pack them, with their scores,
+into a :class:`Batch`.
 
-Every chapter's training step reads the same Batch, so GRPO, PPO and their variants differ only in the
-functions that turn a Batch into advantages and a loss. Token axis convention: ``logprobs[:, t]`` is the
-log-probability of ``input_ids[:, t]`` given ``input_ids[:, :t]`` (so column 0 is always 0, and the
-log-prob of a token lives at the token's own position, where its ``loss_mask`` is).
+Every chapter's training step reads the same Batch, so GRPO, PPO and their variants differ only in
+the functions that turn a Batch into advantages and a loss. Token axis convention:
+``logprobs[:, t]`` is the log-probability of ``input_ids[:, t]`` given ``input_ids[:, :t]`` (so
+column 0 is always 0, and the log-prob of a token lives at the token's own position, where its
+``loss_mask`` is).
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import torch
 from .envs.base import Problem, Task
 from .losses import entropy_from_logits, token_logprobs
 
-__all__ = ["Batch", "encode_prompts", "sequence_logprobs", "generate_batch", "build_segments_batch", "build_sft_batch"]
+__all__ = [
+    "Batch",
+    "encode_prompts",
+    "sequence_logprobs",
+    "generate_batch",
+    "build_segments_batch",
+    "build_sft_batch",
+]
 
 
 @dataclass
@@ -24,16 +33,17 @@ class Batch:
 
     - ``input_ids``, ``attention_mask``: prompt + completion, prompts left-padded, completions
       right-padded after their EOS.
-    - ``loss_mask``: 1 only on tokens the policy generated (including its EOS); 0 on prompt, padding,
-      and (multi-turn) environment or tool tokens.
+    - ``loss_mask``: 1 only on tokens the policy generated (including its EOS); 0 on prompt,
+      padding, and (multi-turn) environment or tool tokens.
     - ``old_logprobs``: log pi_old of each token at sampling time (at ``temperature``).
     - ``ref_logprobs``: log pi_ref, only when a KL term is used (``beta > 0``).
     - ``token_rewards``: the sequence reward placed on the last generated token, 0 elsewhere.
     - ``values``: critic values, when a critic is used (PPO chapter).
     - ``group_id`` ``[B]``: rows with the same id answer the same prompt (a GRPO group).
-    - ``correct``, ``format_ok`` ``[B]`` (bool) and ``completions`` (list of str): for metrics and reading.
-    - ``turn_ids``: multi-turn only; the turn (0, 1, ...) each generated token belongs to, -1 on prompt,
-      observation and padding tokens.
+    - ``correct``, ``format_ok`` ``[B]`` (bool) and ``completions`` (list of str): for metrics and
+      reading.
+    - ``turn_ids``: multi-turn only; the turn (0, 1, ...) each generated token belongs to, -1 on
+      prompt, observation and padding tokens.
     - ``extras``: per-row facts a method needs (e.g. ``success``, ``num_turns``, ``truncated``).
     """
 
@@ -59,6 +69,20 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
+    def select(self, rows: torch.Tensor) -> "Batch":
+        """The rows ``rows`` (an index tensor) of every per-row field: a minibatch."""
+        idx = rows.tolist()
+
+        def take(v):
+            if isinstance(v, torch.Tensor) and v.ndim > 0 and v.shape[0] == len(self):
+                return v[rows.to(v.device)]
+            if isinstance(v, list) and len(v) == len(self):
+                return [v[i] for i in idx]
+            return v
+
+        picked = {f.name: take(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}
+        return Batch(**picked, extras={k: take(v) for k, v in self.extras.items()})
+
     def to(self, device) -> "Batch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         for k, v in moved.items():
@@ -70,7 +94,10 @@ class Batch:
 def encode_prompts(tokenizer, prompts: list[str], device=None) -> dict[str, torch.Tensor]:
     """Left-padded ``input_ids`` and ``attention_mask`` for a list of prompt strings."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
-    return {"input_ids": enc["input_ids"].to(device), "attention_mask": enc["attention_mask"].to(device)}
+    return {
+        "input_ids": enc["input_ids"].to(device),
+        "attention_mask": enc["attention_mask"].to(device),
+    }
 
 
 def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -80,14 +107,24 @@ def _position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def sequence_logprobs(
-    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0, with_entropy: bool = False
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
 ):
-    """Per-token log-probs ``[B, T]`` (column 0 is 0) of ``input_ids`` under ``model`` at ``temperature``.
+    """Per-token log-probs ``[B, T]`` (column 0 is 0) of ``input_ids`` under ``model``
+    at ``temperature``.
 
-    With ``with_entropy=True`` also returns the entropy ``[B, T]`` of the distribution each token was
-    drawn from. Gradients flow unless called under ``torch.no_grad()``.
+    With ``with_entropy=True`` also returns the entropy ``[B, T]`` of the distribution each token
+    was drawn from. Gradients flow unless called under ``torch.no_grad()``.
     """
-    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=_position_ids(attention_mask))
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        position_ids=_position_ids(attention_mask),
+    )
     logits = out.logits[:, :-1] / temperature
     logp = token_logprobs(logits, input_ids[:, 1:])
     logp = torch.nn.functional.pad(logp, (1, 0), value=0.0)
@@ -97,12 +134,18 @@ def sequence_logprobs(
     return logp, ent
 
 
-def _completion_mask(completion_ids: torch.Tensor, eos_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _completion_mask(
+    completion_ids: torch.Tensor, eos_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """1 on completion tokens up to and including the first EOS; and whether each row hit no EOS."""
     is_eos = completion_ids == eos_token_id
     # position of the first EOS, or the full width when there is none (a truncated completion)
     width = completion_ids.shape[1]
-    first_eos = torch.where(is_eos.any(1), is_eos.int().argmax(1), torch.full_like(is_eos[:, 0], width, dtype=torch.long))
+    first_eos = torch.where(
+        is_eos.any(1),
+        is_eos.int().argmax(1),
+        torch.full_like(is_eos[:, 0], width, dtype=torch.long),
+    )
     idx = torch.arange(width, device=completion_ids.device).unsqueeze(0)
     mask = (idx <= first_eos.unsqueeze(1)).long()
     truncated = ~is_eos.any(1)
@@ -126,16 +169,20 @@ def generate_batch(
     """Sample ``num_generations`` completions per problem and score them into a Batch.
 
     Rows ``i*G .. i*G+G-1`` answer ``problems[i]`` and share ``group_id == i``. Sampling is plain
-    ancestral sampling at ``temperature`` (no top-k/top-p), with the KV cache on. A completion that hits
-    ``max_completion_length`` without EOS is *truncated*: all its tokens stay in ``loss_mask`` and the
-    task scores it as a format failure.
+    ancestral sampling at ``temperature`` (no top-k/top-p), with the KV cache on. A completion that
+    hits ``max_completion_length`` without EOS is *truncated*: all its tokens stay in ``loss_mask``
+    and the task scores it as a format failure.
     """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     prompts = [p.prompt for p in problems for _ in range(num_generations)]
     enc = encode_prompts(tokenizer, prompts, device)
-    gen_kwargs = dict(max_new_tokens=max_completion_length, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id)
+    gen_kwargs = dict(
+        max_new_tokens=max_completion_length,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
     if greedy:
         gen_kwargs.update(do_sample=False)
     else:
@@ -144,7 +191,11 @@ def generate_batch(
     prompt_len = enc["input_ids"].shape[1]
     completion_ids = sequences[:, prompt_len:]
     completion_mask, truncated = _completion_mask(completion_ids, tokenizer.eos_token_id)
-    completion_ids = torch.where(completion_mask.bool(), completion_ids, torch.full_like(completion_ids, tokenizer.pad_token_id))
+    completion_ids = torch.where(
+        completion_mask.bool(),
+        completion_ids,
+        torch.full_like(completion_ids, tokenizer.pad_token_id),
+    )
     input_ids = torch.cat([enc["input_ids"], completion_ids], dim=1)
     attention_mask = torch.cat([enc["attention_mask"], completion_mask], dim=1)
     loss_mask = torch.cat([torch.zeros_like(enc["attention_mask"]), completion_mask], dim=1)
@@ -154,10 +205,17 @@ def generate_batch(
     content_mask = completion_mask.clone()
     ended = ~truncated
     content_mask[ended.nonzero().squeeze(1), completion_mask[ended].sum(1) - 1] = 0
-    texts = [tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=False) for row, m in zip(completion_ids, content_mask)]
-    scores = [task.score(problems[i // num_generations], texts[i], truncated=bool(truncated[i])) for i in range(len(texts))]
+    texts = [
+        tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=False)
+        for row, m in zip(completion_ids, content_mask)
+    ]
+    scores = [
+        task.score(problems[i // num_generations], texts[i], truncated=bool(truncated[i]))
+        for i in range(len(texts))
+    ]
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=device)
-    # The sequence reward sits on the last generated token (the EOS, or the last token if truncated).
+    # The sequence reward sits on the last generated token
+    # (the EOS, or the last token if truncated).
     last = prompt_len + completion_mask.sum(1) - 1
     token_rewards = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
     token_rewards[torch.arange(len(texts), device=device), last] = rewards
@@ -173,21 +231,27 @@ def generate_batch(
         completions=texts,
     )
     if compute_old_logprobs:
-        batch.old_logprobs = sequence_logprobs(model, input_ids, attention_mask, temperature=temperature) * loss_mask
+        batch.old_logprobs = (
+            sequence_logprobs(model, input_ids, attention_mask, temperature=temperature) * loss_mask
+        )
     if ref_model is not None:
-        batch.ref_logprobs = sequence_logprobs(ref_model, input_ids, attention_mask, temperature=temperature) * loss_mask
+        batch.ref_logprobs = (
+            sequence_logprobs(ref_model, input_ids, attention_mask, temperature=temperature)
+            * loss_mask
+        )
     model.train(was_training)
     return batch
 
 
 def build_segments_batch(tokenizer, rows: list[list[tuple[str, bool]]], device=None) -> Batch:
-    """Teacher-forced batch from text segments: ``rows[i]`` is a list of ``(text, trainable)`` pieces.
+    """Teacher-forced batch from text segments:
+    ``rows[i]`` is a list of ``(text, trainable)`` pieces.
 
-    The first segment of a row is encoded with the tokenizer's special tokens (BOS), the others without;
-    ``loss_mask`` is 1 exactly on the tokens of trainable segments. A multi-turn demonstration is
-    ``[(obs_0, False), (action_0, True), (obs_1, False), ...]``; a single-turn one is
-    ``[(prompt, False), (completion + EOS, True)]``. Rows are right-padded (teacher forcing needs no left
-    alignment, and positions then start at 0 for every row).
+    The first segment of a row is encoded with the tokenizer's special tokens (BOS), the others
+    without; ``loss_mask`` is 1 exactly on the tokens of trainable segments. A multi-turn
+    demonstration is ``[(obs_0, False), (action_0, True), (obs_1, False), ...]``; a single-turn one
+    is ``[(prompt, False), (completion + EOS, True)]``. Rows are right-padded (teacher forcing needs
+    no left alignment, and positions then start at 0 for every row).
     """
     ids_rows, mask_rows = [], []
     for segments in rows:
@@ -201,13 +265,22 @@ def build_segments_batch(tokenizer, rows: list[list[tuple[str, bool]]], device=N
     width = max(len(r) for r in ids_rows)
     pad = tokenizer.pad_token_id
     input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in ids_rows], device=device)
-    attention_mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in ids_rows], device=device)
+    attention_mask = torch.tensor(
+        [[1] * len(r) + [0] * (width - len(r)) for r in ids_rows], device=device
+    )
     loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in mask_rows], device=device)
     zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
-    return Batch(input_ids, attention_mask, loss_mask, zeros, torch.arange(len(rows), device=device))
+    return Batch(
+        input_ids, attention_mask, loss_mask, zeros, torch.arange(len(rows), device=device)
+    )
 
 
 def build_sft_batch(tokenizer, prompts: list[str], completions: list[str], device=None) -> Batch:
-    """Teacher-forced batch: prompt + completion + EOS, with ``loss_mask`` on the completion and EOS only."""
+    """Teacher-forced batch: prompt + completion + EOS,
+    with ``loss_mask`` on the completion and EOS only."""
     eos = tokenizer.eos_token
-    return build_segments_batch(tokenizer, [[(p, False), (f"{c} {eos}", True)] for p, c in zip(prompts, completions)], device)
+    return build_segments_batch(
+        tokenizer,
+        [[(p, False), (f"{c} {eos}", True)] for p, c in zip(prompts, completions)],
+        device,
+    )
