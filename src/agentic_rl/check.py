@@ -1,0 +1,479 @@
+"""Check your implementation: run an advantage, KL, policy-loss or aggregation function against
+reference cases generated from verl and TRL, and say *which convention* differs, not only "wrong".
+
+The cases ship as data (``agentic_rl/data/reference_cases.json``, made by
+``tests/reference/generate_cases.py`` from verl 0.9.1 and TRL 1.16.0, see its ``metadata``), so
+checking needs neither framework. Each case holds fixed inputs and the expected output under every
+combination of conventions (std estimator, epsilon and its placement, group of one, mask handling,
+aggregation, KL estimator and direction, clip bounds, ...): the combination your function reproduces
+on every case names your conventions; comparing it with the references names the difference.
+
+>>> from agentic_rl.advantages import group_advantages
+>>> check_implementation(group_advantages, "group_advantages").passed
+True
+
+Kinds and the call each makes (tensors are float32, masks and group ids int64; shapes ``[B, T]``):
+
+- ``"group_advantages"``: ``fn(scores [B], group_ids [B]) -> advantages [B]``
+- ``"gae"``: ``fn(token_rewards, values, mask, gamma=..., lam=...) -> (advantages, returns)``
+- ``"kl"``: ``fn(logprobs, ref_logprobs) -> per-token KL [B, T]``
+- ``"policy_loss"``: ``fn(logprobs, old_logprobs, advantages, mask, epsilon=..., epsilon_high=...)
+  -> loss`` (or ``(loss, metrics)``, or the per-token loss ``[B, T]``)
+- ``"aggregate"``: ``fn(loss_mat, mask) -> scalar``
+"""
+
+from __future__ import annotations
+
+import html
+import inspect
+import itertools
+import json
+import math
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+import torch
+
+__all__ = ["check_implementation", "CheckReport", "KINDS", "load_reference_cases"]
+
+KINDS = ("group_advantages", "gae", "kl", "policy_loss", "aggregate")
+
+_EPS_NAMES = ("epsilon", "eps", "clip_ratio", "cliprange", "epsilon_low", "clip_eps")
+_EPS_HIGH_NAMES = ("epsilon_high", "clip_ratio_high", "cliprange_high", "eps_high")
+
+
+@lru_cache(maxsize=1)
+def load_reference_cases() -> dict:
+    """The reference cases (parsed JSON): ``metadata`` and, per kind, dims, references, cases."""
+    text = resources.files("agentic_rl").joinpath("data/reference_cases.json").read_text()
+    return json.loads(text)
+
+
+@dataclass
+class CheckReport:
+    """The outcome of :func:`check_implementation`.
+
+    - ``passed``: the function reproduces one of the expected reference conventions on every case;
+    - ``matches``: labels of the references it reproduces (e.g. "verl GRPO (...)"), or, when it
+      reproduces none, a description of the convention it does follow;
+    - ``differences``: sentences naming each convention that differs from the closest reference;
+    - ``problems``: calls that raised or returned the wrong shape (named function and case);
+    - ``cases``: per case, its name and whether the closest expected reference matched.
+    """
+
+    kind: str
+    function: str
+    passed: bool
+    matches: list[str] = field(default_factory=list)
+    differences: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    cases: list[dict] = field(default_factory=list)
+    signature: str = ""
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def text(self) -> str:
+        head = "PASSED" if self.passed else "FAILED"
+        lines = [
+            f"check_implementation({self.function}, {self.kind!r}): {head}",
+            f"  expected call: {self.signature}",
+        ]
+        if self.matches:
+            lines.append("  reproduces:")
+            lines += [f"    - {m}" for m in self.matches]
+        if self.differences:
+            lines.append("  differences:")
+            lines += [f"    - {d}" for d in self.differences]
+        if self.problems:
+            lines.append("  problems:")
+            lines += [f"    - {p}" for p in self.problems]
+        if self.notes:
+            lines.append("  notes:")
+            lines += [f"    - {n}" for n in self.notes]
+        if self.cases:
+            lines.append("  cases:")
+            for c in self.cases:
+                mark = {True: "ok  ", False: "DIFF", None: "ERR "}[c["ok"]]
+                lines.append(f"    {mark} {c['name']}: {c['note']}")
+        return "\n".join(lines)
+
+    __str__ = text
+
+    def __repr__(self) -> str:
+        return self.text()
+
+    def _repr_html_(self) -> str:
+        color = "#1a7f37" if self.passed else "#cf222e"
+        head = "PASSED" if self.passed else "FAILED"
+        e = html.escape
+        parts = [
+            f'<div style="font-family: sans-serif; font-size: 13px; max-width: 100ch;'
+            f' border-left: 4px solid {color}; padding: 4px 10px;">',
+            f'<div><b style="color: {color};">{head}</b> '
+            f"<code>check_implementation({e(self.function)}, {e(repr(self.kind))})</code>"
+            f'</div><div style="color: #57606a;">expected call: <code>'
+            f"{e(self.signature)}</code></div>",
+        ]
+        for title, items in [
+            ("reproduces", self.matches),
+            ("differences", self.differences),
+            ("problems", self.problems),
+            ("notes", self.notes),
+        ]:
+            if items:
+                lis = "".join(f"<li>{e(x)}</li>" for x in items)
+                parts.append(f'<div><b>{title}</b><ul style="margin: 2px 0;">{lis}</ul></div>')
+        if self.cases:
+            rows = "".join(
+                f'<tr><td style="color: {"#1a7f37" if c["ok"] else "#cf222e"};">'
+                f"{ {True: 'ok', False: 'differs', None: 'error'}[c['ok']] }</td>"
+                f"<td><code>{e(c['name'])}</code></td><td>{e(c['note'])}</td></tr>"
+                for c in self.cases
+            )
+            parts.append(f'<table style="font-size: 12px;">{rows}</table>')
+        parts.append("</div>")
+        return "".join(parts)
+
+
+# ---------------------------------------------------------------------------- calling the function
+def _fn_name(fn) -> str:
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None and hasattr(fn, "func"):  # functools.partial
+        name = f"partial({_fn_name(fn.func)})"
+    return name or type(fn).__name__
+
+
+def _tensor(x, dtype):
+    return torch.tensor(x, dtype=dtype)
+
+
+def _accepts(fn, name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    if name in params and params[name].kind not in (
+        inspect.Parameter.POSITIONAL_ONLY,
+        inspect.Parameter.VAR_POSITIONAL,
+    ):
+        return True
+    return False
+
+
+def _first_accepted(fn, names) -> str | None:
+    return next((n for n in names if _accepts(fn, n)), None)
+
+
+def _can_bind(fn, *args, **kwargs) -> bool:
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+        return True
+    except TypeError:
+        return False
+    except ValueError:  # no signature (a builtin): just try the call
+        return True
+
+
+class _CallError(Exception):
+    pass
+
+
+def _as_tensor(x, what: str) -> torch.Tensor:
+    if isinstance(x, torch.Tensor):
+        return x.detach().to(torch.float64).cpu()
+    try:
+        return torch.as_tensor(x, dtype=torch.float64)
+    except Exception as exc:  # noqa: BLE001 - reported, not raised
+        raise _CallError(f"returned {type(x).__name__} for {what}, not a tensor ({exc})") from None
+
+
+def _check_shape(t: torch.Tensor, shape, what: str) -> torch.Tensor:
+    if tuple(shape) == ():
+        if t.numel() != 1:
+            raise _CallError(f"returned {what} of shape {tuple(t.shape)}, expected a scalar")
+        return t.reshape(())
+    if tuple(t.shape) != tuple(shape):
+        if len(shape) == 1 and tuple(t.shape) in ((shape[0], 1), (1, shape[0])):
+            return t.reshape(shape)
+        raise _CallError(f"returned {what} of shape {tuple(t.shape)}, expected {tuple(shape)}")
+    return t
+
+
+def _call(kind: str, fn, case: dict, state: dict) -> list[torch.Tensor | None]:
+    """Run ``fn`` on one case; return its output components (None where not returned)."""
+    inp = case["inputs"]
+    f32, i64 = torch.float32, torch.int64
+    if kind == "group_advantages":
+        scores, gids = _tensor(inp["scores"], f32), _tensor(inp["group_ids"], i64)
+        out = fn(scores, gids)
+        return [_check_shape(_as_tensor(out, "the advantages"), scores.shape, "advantages")]
+    if kind == "gae":
+        r, v = _tensor(inp["token_rewards"], f32), _tensor(inp["values"], f32)
+        m = _tensor(inp["mask"], i64)
+        p = case["params"]
+        if _can_bind(fn, r, v, m, gamma=p["gamma"], lam=p["lam"]):
+            out = fn(r, v, m, gamma=p["gamma"], lam=p["lam"])
+        else:
+            out = fn(r, v, m, p["gamma"], p["lam"])
+        if isinstance(out, (tuple, list)):
+            if len(out) < 2:
+                raise _CallError(f"returned a {type(out).__name__} of length {len(out)}")
+            adv, ret = out[0], out[1]
+        else:
+            adv, ret = out, None
+            state["no_returns"] = True
+        adv = _check_shape(_as_tensor(adv, "the advantages"), v.shape, "advantages")
+        if ret is not None:
+            ret = _check_shape(_as_tensor(ret, "the returns"), v.shape, "returns")
+        return [adv, ret]
+    if kind == "kl":
+        lp, ref = _tensor(inp["logprobs"], f32), _tensor(inp["ref_logprobs"], f32)
+        out = fn(lp, ref)
+        return [_check_shape(_as_tensor(out, "the KL"), lp.shape, "the per-token KL")]
+    if kind == "aggregate":
+        lm, m = _tensor(inp["loss_mat"], f32), _tensor(inp["mask"], i64)
+        out = fn(lm, m)
+        if isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        return [_check_shape(_as_tensor(out, "the loss"), (), "the loss")]
+    if kind == "policy_loss":
+        lp, old = _tensor(inp["logprobs"], f32), _tensor(inp["old_logprobs"], f32)
+        adv, m = _tensor(inp["advantages"], f32), _tensor(inp["mask"], i64)
+        p = case["params"]
+        kwargs = {}
+        if state["eps_name"]:
+            kwargs[state["eps_name"]] = p["epsilon"]
+        if state["eps_high_name"]:
+            kwargs[state["eps_high_name"]] = p["epsilon_high"]
+        out = fn(lp, old, adv, m, **kwargs)
+        if isinstance(out, (tuple, list)) and out:
+            out = out[0]
+        t = _as_tensor(out, "the loss")
+        if tuple(t.shape) == tuple(lp.shape):  # a per-token loss matrix: check its token-mean
+            state["per_token"] = True
+            mf = m.to(t.dtype)
+            t = (t * mf).sum() / mf.sum().clamp(min=1)
+        return [_check_shape(t, (), "the loss")]
+    raise AssertionError(kind)
+
+
+# ---------------------------------------------------------------------------- comparing
+def _expected(component):
+    """JSON nested lists -> (values tensor, compare mask, nan mask)."""
+    flat = component
+
+    def conv(x):
+        if isinstance(x, list):
+            return [conv(v) for v in x]
+        if x is None:
+            return (0.0, False, False)
+        if x == "nan":
+            return (0.0, True, True)
+        return (float(x), True, False)
+
+    c = conv(flat)
+
+    def pick(x, i):
+        return [pick(v, i) for v in x] if isinstance(x, list) else x[i]
+
+    return (
+        torch.tensor(pick(c, 0), dtype=torch.float64),
+        torch.tensor(pick(c, 1)),
+        torch.tensor(pick(c, 2)),
+    )
+
+
+def _matches(got: list, expected: list, rtol: float, atol: float) -> bool:
+    for g, e in zip(got, expected):
+        if g is None:  # the component was not returned (GAE without returns)
+            continue
+        val, cmp, nan = e
+        if g.shape != val.shape:
+            return False
+        ok_nan = torch.isnan(g) & nan
+        ok_val = torch.isfinite(g) & ~nan & (torch.abs(g - val) <= atol + rtol * val.abs())
+        if not bool(((ok_nan | ok_val) | ~cmp).all()):
+            return False
+    return True
+
+
+def _fmt(x: torch.Tensor, limit: int = 8) -> str:
+    flat = x.flatten().tolist()
+    body = ", ".join("nan" if math.isnan(v) else f"{v:.4g}" for v in flat[:limit])
+    return f"[{body}{', ...' if len(flat) > limit else ''}]" if x.ndim else body
+
+
+# ---------------------------------------------------------------------------- the check
+def check_implementation(fn, kind: str, *, expect=None) -> CheckReport:
+    """Run ``fn`` on the reference cases of ``kind`` and report which conventions it follows.
+
+    ``kind`` is one of :data:`KINDS`; the call each kind makes is in the module docstring (and in
+    the report's ``signature``). ``expect`` names the reference(s) the function should reproduce
+    (keys of ``load_reference_cases()["kinds"][kind]["references"]``, e.g. ``"verl"``,
+    ``"trl-k3"``, ``"verl-seq-mean-token-mean"``); by default any of the main references of the
+    kind passes. Never raises because of ``fn``: an exception or a wrong shape is reported.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    if not callable(fn):
+        raise ValueError(f"fn must be callable, got {type(fn).__name__}")
+    spec = load_reference_cases()["kinds"][kind]
+    refs = spec["references"]
+    if expect is None:
+        expect = list(spec["default_expect"])
+    elif isinstance(expect, str):
+        expect = [expect]
+    unknown = [x for x in expect if x not in refs]
+    if unknown:
+        raise ValueError(
+            f"expect: unknown reference(s) {unknown} for kind {kind!r}; choose from {sorted(refs)}"
+        )
+    # ties between equally close references go to the book's own package first
+    expect = sorted(dict.fromkeys(expect), key=lambda r: not r.startswith("agentic_rl"))
+    name = _fn_name(fn)
+    report = CheckReport(kind=kind, function=name, passed=False, signature=spec["signature"])
+    dims = spec["dims"]
+    grid = list(itertools.product(*[[o["name"] for o in d["options"]] for d in dims]))
+
+    state = {"eps_name": None, "eps_high_name": None}
+    skip = set()
+    if kind == "policy_loss":
+        state["eps_name"] = _first_accepted(fn, _EPS_NAMES)
+        state["eps_high_name"] = _first_accepted(fn, _EPS_HIGH_NAMES)
+        for i, c in enumerate(spec["cases"]):
+            p = c["params"]
+            if state["eps_name"] is None and p["epsilon"] != 0.2:
+                skip.add(i)
+            if state["eps_high_name"] is None and p["epsilon_high"] != p["epsilon"]:
+                skip.add(i)
+        if state["eps_name"] is None:
+            report.notes.append(
+                f"{name} takes no epsilon keyword ({', '.join(_EPS_NAMES)}): "
+                "checked only the cases with epsilon 0.2"
+            )
+        if state["eps_high_name"] is None:
+            report.notes.append(
+                f"{name} takes no epsilon_high keyword: the clip-higher cases were skipped"
+            )
+
+    # run every case; results[i][j]: does the output of case i match grid point j / reference r
+    grid_ok, ref_ok, case_info = [], [], []
+    for i, case in enumerate(spec["cases"]):
+        info = {"name": case["name"], "note": case["note"], "ok": None}
+        case_info.append(info)
+        if i in skip:
+            grid_ok.append(None)
+            ref_ok.append(None)
+            info["ok"] = None
+            info["note"] += " (skipped)"
+            continue
+        try:
+            with torch.no_grad():
+                got = _call(kind, fn, case, state)
+        except _CallError as exc:
+            report.problems.append(f"{name} {exc} on case {case['name']!r} ({case['note']})")
+            grid_ok.append(None)
+            ref_ok.append(None)
+            continue
+        except Exception as exc:  # noqa: BLE001 - the learner's exception is the finding
+            report.problems.append(
+                f"{name} raised {type(exc).__name__}: {exc} on case "
+                f"{case['name']!r} ({case['note']})"
+            )
+            grid_ok.append(None)
+            ref_ok.append(None)
+            continue
+        info["got"] = got
+        outs = [[_expected(comp) for comp in o] for o in case["outputs"]]
+        ok_out = [_matches(got, o, case["rtol"], case["atol"]) for o in outs]
+        grid_ok.append([ok_out[k] for k in case["grid"]])
+        ref_ok.append({r: ok_out[k] for r, k in case["refs"].items()})
+        info["outs"] = outs
+
+    ran = [i for i, g in enumerate(grid_ok) if g is not None]
+    if state.get("no_returns"):
+        report.notes.append(f"{name} returned only the advantages; the returns were not checked")
+    if state.get("per_token"):
+        report.notes.append(
+            f"{name} returned a per-token loss matrix: its token-mean over the "
+            "mask was checked (aggregation not probed)"
+        )
+    if not ran:
+        report.problems.append(f"{name} produced no usable output on any case; nothing to compare")
+        report.cases = [
+            {k: v for k, v in c.items() if k in ("name", "note", "ok")} for c in case_info
+        ]
+        return report
+
+    ref_full = [r for r in refs if all(ref_ok[i][r] for i in ran)]
+    report.matches = [refs[r]["label"] for r in ref_full]
+    report.passed = bool(set(ref_full) & set(expect)) and not report.problems
+
+    # the grid points the function reproduces (all cases, else the most cases)
+    counts = [sum(grid_ok[i][j] for i in ran) for j in range(len(grid))]
+    best = max(counts)
+    cand = [j for j in range(len(grid)) if counts[j] == best]
+
+    def options_of(j):
+        return dict(zip([d["name"] for d in dims], grid[j]))
+
+    def distance(j, r):
+        o = options_of(j)
+        return sum(1 for d, v in refs[r]["dims"].items() if v is not None and o[d] != v)
+
+    # closest expected reference, and the candidate grid point closest to it
+    j_best, r_best = min(((j, r) for j in cand for r in expect), key=lambda jr: distance(*jr))
+    target = [j for j in cand if distance(j, r_best) == distance(j_best, r_best)]
+    yours = {d["name"]: sorted({grid[j][k] for j in target}) for k, d in enumerate(dims)}
+
+    # per case: does the closest expected reference match?
+    for i in range(len(case_info)):
+        if ref_ok[i] is not None:
+            case_info[i]["ok"] = any(ref_ok[i][r] for r in expect)
+
+    if not report.passed and not report.problems:
+        text = {d["name"]: {o["name"]: o["text"] for o in d["options"]} for d in dims}
+        labels = {d["name"]: d["label"] for d in dims}
+        for d in dims:
+            dn = d["name"]
+            want = refs[r_best]["dims"].get(dn)
+            if want is None or want in yours[dn]:
+                continue
+            mine = " or ".join(text[dn][o] for o in yours[dn])
+            also = [
+                refs[r]["label"] for r in expect if r != r_best and refs[r]["dims"].get(dn) == want
+            ]
+            theirs = f"{refs[r_best]['label']} uses {text[dn][want]}"
+            if also:
+                theirs += f" (so do {', '.join(also)})"
+            report.differences.append(f"{labels[dn]}: yours is {mine}; {theirs}")
+        if best < len(ran):
+            miss = [i for i in ran if not grid_ok[i][j_best]]
+            for i in miss:
+                c = case_info[i]
+                exp = c["outs"][spec["cases"][i]["refs"][r_best]]
+                got = c["got"][0]
+                val, cmp, _ = exp[0]
+                report.differences.append(
+                    f"on case {c['name']!r} ({c['note']}) your output matches no known "
+                    f"convention: got {_fmt(torch.where(cmp, got, torch.nan))}, "
+                    f"{refs[r_best]['label']} gives {_fmt(torch.where(cmp, val, torch.nan))}"
+                )
+        if not report.differences:
+            report.differences.append(
+                f"your output differs from {refs[r_best]['label']} on the cases marked below"
+            )
+        if not ref_full:
+            desc = [
+                f"{labels[d['name']]}: " + " or ".join(text[d["name"]][o] for o in yours[d["name"]])
+                for d in dims
+                if len(yours[d["name"]]) < len(d["options"])
+            ]
+            if best == len(ran) and desc:
+                report.matches = ["no reference; your convention: " + "; ".join(desc)]
+        report.notes.append(f"closest expected reference: {refs[r_best]['label']}")
+    report.cases = [{k: v for k, v in c.items() if k in ("name", "note", "ok")} for c in case_info]
+    return report
