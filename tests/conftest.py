@@ -72,3 +72,38 @@ def tiny_config():
         return GRPOConfig(**base)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def built_book(tmp_path_factory):
+    """The website, built once per test run (``jupyter-book build -W``, chapters executed): minutes.
+
+    Returns ``(returncode, log, html)``. Under pytest-xdist every worker shares one build: the first
+    worker to get here builds into the run's common temp folder while holding a file lock, and the
+    others wait for it and reuse it (tests using it also carry ``xdist_group("book")``).
+    """
+    import collections
+    import json
+    import pathlib
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    Build = collections.namedtuple("Build", "returncode log html")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the folder every worker of this run shares
+    out, done = shared / "book-build", shared / "book-build.json"
+    with FileLock(str(done) + ".lock"):
+        if not done.exists():
+            exe = pathlib.Path(sys.executable).with_name("jupyter-book")
+            cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(root), "-W", "-n",
+                   "--keep-going", "--path-output", str(out)]
+            env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
+            log = proc.stdout + proc.stderr
+            done.write_text(json.dumps({"returncode": proc.returncode, "log": log}))
+        result = json.loads(done.read_text())
+    return Build(result["returncode"], result["log"], out / "_build" / "html")

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import re
 import subprocess
@@ -79,14 +78,14 @@ def test_package_install_does_not_touch_torch(tmp_path):
     assert names == {"agentic-rl"}, f"installing the package would also install {sorted(names - {'agentic-rl'})}"
 
 
-def test_book_builds_offline_with_warnings_as_errors(tmp_path):
-    """``jupyter-book build`` executes every chapter (its asserts and exercise solutions included)."""
-    exe = pathlib.Path(sys.executable).with_name("jupyter-book")
-    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(ROOT), "-W", "-n", "--keep-going", "--path-output", str(tmp_path)]
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800, env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-6000:]
-    html = tmp_path / "_build" / "html"
+@pytest.mark.xdist_group("book")
+def test_book_builds_offline_with_warnings_as_errors(built_book):
+    """``jupyter-book build -W`` executes every chapter (its asserts and exercise solutions included).
+
+    The build is the session's ``built_book`` (conftest.py), which test_site.py opens in a browser.
+    """
+    assert built_book.returncode == 0, built_book.log[-6000:]
+    html = built_book.html
     for page in ("book/intro.html", "book/foundations.html", "book/grpo.html", "labs/grpo_lab.html", "book/gae.html", "labs/gae_lab.html"):
         assert (html / page).exists(), f"{page} was not built"
     lab = (html / "labs/grpo_lab.html").read_text()
