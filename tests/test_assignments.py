@@ -1,0 +1,107 @@
+"""The graded assignments' autograders, graded themselves.
+
+Each autograder (``labs/assignments/<chapter>/test_<chapter>_assignment.py``) runs in a subprocess,
+as a student runs it, twice: against the student notebook as shipped (stubs that raise
+``NotImplementedError``: every check must fail, with one sentence naming the function and no
+traceback from the grader) and against the reference solution in ``solutions/`` (every check must
+pass). A third run feeds a solution with a planted bug and expects a sentence naming what differs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import jupytext
+import pytest
+from jupytext.compare import compare_notebooks
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+ASSIGNMENTS = ROOT / "labs" / "assignments"
+
+#: chapter -> the functions its student notebook must define (each must appear in a failure message)
+FUNCTIONS = {
+    "grpo": ["group_advantages", "aggregate", "clipped_token_loss"],
+    "gae": ["gae", "masked_whiten", "value_loss"],
+}
+
+#: a planted bug per chapter (a line of the solution replaced), and what the grader must say
+BUGS = {
+    "grpo": ("std = s[rows].std() if", "std = s[rows].std(unbiased=False) if",
+             "`group_advantages` is wrong for rewards (1, 0, 0, 1) in one group: the std must be "
+             "the unbiased one"),
+    "gae": ("next_value = torch.where(m[:, t] > 0, values[:, t], next_value)",
+            "next_value = values[:, t]",
+            "`gae` is wrong for a row with observation tokens (mask 0) between the actions"),
+}
+
+
+def _grade(chapter: str, notebook: pathlib.Path | None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    env.pop("ASSIGNMENT_NOTEBOOK", None)
+    if notebook is not None:
+        env["ASSIGNMENT_NOTEBOOK"] = str(notebook)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", f"labs/assignments/{chapter}", "-q", "-n", "0",
+         "-p", "no:cacheprovider"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+    )
+
+
+def _no_grader_traceback(out: str) -> None:
+    assert "Traceback" not in out, out
+    assert not re.search(r"\.py:\d+: ", out), f"a traceback line of the grader leaked:\n{out}"
+    assert "During handling of the above exception" not in out, out
+
+
+@pytest.mark.parametrize("chapter", sorted(FUNCTIONS))
+def test_student_notebook_is_paired_and_unsolved(chapter):
+    nb_path = ASSIGNMENTS / chapter / f"{chapter}_assignment.ipynb"
+    twin = nb_path.with_suffix(".md")
+    compare_notebooks(jupytext.read(twin), jupytext.read(nb_path), fmt="md:myst",
+                      allow_expected_differences=True)
+    graded = [c.source for c in jupytext.read(nb_path).cells
+              if "graded" in c.metadata.get("tags", [])]
+    for fn in FUNCTIONS[chapter]:
+        cell = next((src for src in graded if f"def {fn}(" in src), None)
+        assert cell is not None, f"no graded cell defines {fn}"
+        assert "raise NotImplementedError" in cell, f"the student's {fn} must be a stub"
+
+
+@pytest.mark.parametrize("chapter", sorted(FUNCTIONS))
+def test_autograder_fails_the_stubs_by_name(chapter):
+    proc = _grade(chapter, None)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert " passed" not in out.splitlines()[-1], f"a check passed on the stubs:\n{out}"
+    for fn in FUNCTIONS[chapter]:
+        assert f"`{fn}` is not implemented yet" in out, f"{fn} not named:\n{out}"
+    _no_grader_traceback(out)
+
+
+@pytest.mark.parametrize("chapter", sorted(FUNCTIONS))
+def test_autograder_passes_the_solution(chapter):
+    solution = ASSIGNMENTS / chapter / "solutions" / f"{chapter}_solution.md"
+    proc = _grade(chapter, solution)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("chapter", sorted(BUGS))
+def test_autograder_names_a_planted_bug(chapter, tmp_path):
+    old, new, sentence = BUGS[chapter]
+    text = (ASSIGNMENTS / chapter / "solutions" / f"{chapter}_solution.md").read_text()
+    assert text.count(old) == 1
+    buggy = tmp_path / f"{chapter}_buggy.md"
+    buggy.write_text(text.replace(old, new))
+    proc = _grade(chapter, buggy)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 1, out
+    assert sentence in " ".join(out.split()), out
+    if chapter == "grpo" and importlib.util.find_spec("agentic_rl.check"):
+        # the package's checker names the convention: the std estimator
+        assert "std estimator: yours is the biased group std" in " ".join(out.split()), out
+    _no_grader_traceback(out)
