@@ -150,6 +150,8 @@ def _snapshot(folder) -> dict:
 NAN, INF = float("nan"), float("inf")
 # Every case of the issue, plus more; (config class, overrides, the field the error must name).
 CASES = [
+    (GRPOConfig, dict(num_minibatches=0), "num_minibatches"),
+    (PPOConfig, dict(num_minibatches=33, prompts_per_step=32), "num_minibatches"),
     (GRPOConfig, dict(digits=7), "digits"),
     (GRPOConfig, dict(digits=0), "digits"),
     (GRPOConfig, dict(seed=-1), "seed"),

@@ -300,6 +300,13 @@ class RLConfig:
             ),
             1,
         )
+        rows = self.prompts_per_step * self.num_generations
+        if self.num_minibatches > rows:
+            bad(
+                "num_minibatches",
+                f"must be <= the rows of a batch (prompts_per_step * "
+                f"num_generations = {rows}): a minibatch needs at least one rollout",
+            )
         if self.beta < 0:
             bad("beta", "must be >= 0")
         if not 0 <= self.epsilon < 1:

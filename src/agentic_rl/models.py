@@ -44,19 +44,23 @@ CHAT_TEMPLATE = (
 )
 
 
-def build_tokenizer(words: Iterable[str], *, extra_special_tokens: Iterable[str] = ()) -> PreTrainedTokenizerFast:
+def build_tokenizer(
+    words: Iterable[str], *, extra_special_tokens: Iterable[str] = ()
+) -> PreTrainedTokenizerFast:
     """A word-level tokenizer: every whitespace-separated word of the task is one token.
 
-    Ids are assigned in a fixed order (special tokens, then ``extra_special_tokens``, then the sorted
-    words), so the same vocabulary always gives the same ids. Encoding prepends ``<bos>``; decoding joins
-    words with spaces. Padding is on the left, as decoder-only generation needs.
+    Ids are assigned in a fixed order (special tokens, then ``extra_special_tokens``, then the
+    sorted words), so the same vocabulary always gives the same ids. Encoding prepends ``<bos>``;
+    decoding joins words with spaces. Padding is on the left, as decoder-only generation needs.
     """
     extra = [t for t in extra_special_tokens if t not in SPECIAL_TOKENS]
     specials = SPECIAL_TOKENS + extra
     vocab_words = sorted((set(words) | set(CHAT_WORDS)) - set(specials))
     for w in vocab_words:
         if not w or any(c.isspace() for c in w):
-            raise ValueError(f"vocabulary words must be non-empty and contain no whitespace, got {w!r}")
+            raise ValueError(
+                f"vocabulary words must be non-empty and contain no whitespace, got {w!r}"
+            )
     vocab = {tok: i for i, tok in enumerate(specials + vocab_words)}
     core = Tokenizer(WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -65,7 +69,12 @@ def build_tokenizer(words: Iterable[str], *, extra_special_tokens: Iterable[str]
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
     tok = PreTrainedTokenizerFast(
-        tokenizer_object=core, pad_token=PAD, unk_token=UNK, bos_token=BOS, eos_token=EOS, padding_side="left"
+        tokenizer_object=core,
+        pad_token=PAD,
+        unk_token=UNK,
+        bos_token=BOS,
+        eos_token=EOS,
+        padding_side="left",
     )
     tok.add_special_tokens({"additional_special_tokens": specials[4:]})
     tok.chat_template = CHAT_TEMPLATE
@@ -85,9 +94,9 @@ def build_model(
 ) -> LlamaForCausalLM:
     """A small Llama decoder initialised from scratch (about 1M parameters with the defaults).
 
-    Input and output embeddings are tied; attention uses PyTorch SDPA (no custom kernels, so it runs on
-    CPU, any GPU and MPS). The generation config samples at temperature 1 with no top-k/top-p, i.e. from
-    the policy itself, which is what the policy-gradient estimators assume.
+    Input and output embeddings are tied; attention uses PyTorch SDPA (no custom kernels, so it runs
+    on CPU, any GPU and MPS). The generation config samples at temperature 1 with no top-k/top-p,
+    i.e. from the policy itself, which is what the policy-gradient estimators assume.
     """
     if seed is not None:
         torch.manual_seed(seed)
@@ -121,28 +130,49 @@ def default_generation_config(tokenizer) -> GenerationConfig:
     )
 
 
-def add_lora(model, *, r: int = 8, lora_alpha: int = 16, lora_dropout: float = 0.0, target_modules=("q_proj", "k_proj", "v_proj", "o_proj")):
+def add_lora(
+    model,
+    *,
+    r: int = 8,
+    lora_alpha: int = 16,
+    lora_dropout: float = 0.0,
+    target_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
+):
     """Wrap ``model`` with LoRA adapters (peft); only the adapters are trainable afterwards."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout, target_modules=list(target_modules), task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=r,
+        lora_alpha=lora_alpha,
+        lora_dropout=lora_dropout,
+        target_modules=list(target_modules),
+        task_type="CAUSAL_LM",
+    )
     return get_peft_model(model, config)
 
 
-def load_pretrained(name_or_path: str, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None):
-    """Load a causal LM and its tokenizer by hub name or from a local folder: ``(model, tokenizer)``.
+def load_pretrained(
+    name_or_path: str, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
+):
+    """Load a causal LM and its tokenizer by hub name or from a local folder:
+    ``(model, tokenizer)``.
 
-    A hub name needs network access (Colab, a GPU box); tests exercise the same code path offline with a
-    tiny model saved to a folder. The tokenizer gets left padding and a pad token (the EOS token when the
-    model has none), and the model a sampling generation config (temperature 1, no top-k/top-p).
+    A hub name needs network access (Colab, a GPU box); tests exercise the same code path offline
+    with a tiny model saved to a folder. The tokenizer gets left padding and a pad token (the EOS
+    token when the model has none), and the model a sampling generation config (temperature 1, no
+    top-k/top-p).
     """
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
     if not os.path.isdir(name_or_path) and offline:
-        raise FileNotFoundError(f"{name_or_path!r} is not a local folder and HF_HUB_OFFLINE=1: cannot download it")
+        raise FileNotFoundError(
+            f"{name_or_path!r} is not a local folder and HF_HUB_OFFLINE=1: cannot download it"
+        )
     tokenizer = AutoTokenizer.from_pretrained(name_or_path, padding_side="left")
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype or torch.float32, attn_implementation="sdpa")
+    model = AutoModelForCausalLM.from_pretrained(
+        name_or_path, dtype=dtype or torch.float32, attn_implementation="sdpa"
+    )
     model.generation_config = default_generation_config(tokenizer)
     if device is not None:
         model.to(device)
@@ -150,7 +180,8 @@ def load_pretrained(name_or_path: str, *, device: torch.device | str | None = No
 
 
 def get_device(prefer: str | None = None) -> torch.device:
-    """``prefer`` if given (``"cpu"``, ``"cuda"``, ``"mps"``), else CUDA, then Apple MPS, then CPU."""
+    """``prefer`` if given (``"cpu"``, ``"cuda"``, ``"mps"``),
+    else CUDA, then Apple MPS, then CPU."""
     if prefer not in (None, "auto"):
         return torch.device(prefer)
     if torch.cuda.is_available():

@@ -7,21 +7,21 @@ turn::
     '------ loss 0 --------'  '--- loss 1 ---'   '---- loss 0 ----'  '--- loss 1 ---'
 
 Every observation ends with the opening tag ``<action>`` (the :class:`~agentic_rl.envs.MultiTurnEnv`
-turn protocol); the policy writes its action and closes it with the stop word ``</action>``. Only the
-tokens the policy sampled (stop word or EOS included) get ``loss_mask`` 1; the environment's tokens stay
-in the context with mask 0, the ReTool/RAGEN rule (``reference/algorithms.md`` §0).
+turn protocol); the policy writes its action and closes it with the stop word ``</action>``. Only
+the tokens the policy sampled (stop word or EOS included) get ``loss_mask`` 1; the environment's
+tokens stay in the context with mask 0, the ReTool/RAGEN rule (``reference/algorithms.md`` §0).
 
-**Batching and the KV cache.** All running episodes advance together, one token per forward pass, and
-one :class:`transformers.DynamicCache` holds the keys and values of the whole batch across turns, so
-each forward feeds only the new tokens (a sampled token, or a turn's observation chunk). Rows that must
-not advance (their episode is over, or their action already ended this turn) are fed the pad token with
-attention mask 0, and observation chunks of different lengths are left-padded with masked pads, so the
-rows stay aligned. Inside the loop a row therefore looks like ``real real pad pad real real pad ...``;
-positions count only real tokens (the cumulative attention mask, as ``rollout._position_ids``), so a
-token sees exactly the context and position it has in the final batch, where the masked pads are
-removed ("compaction") and rows are right-padded. That is why the log-probs recorded while sampling
-equal :func:`~agentic_rl.rollout.sequence_logprobs` on the returned batch (the test of this module), and
-why PPO's ratio starts at exactly 1.
+**Batching and the KV cache.** All running episodes advance together, one token per forward pass,
+and one :class:`transformers.DynamicCache` holds the keys and values of the whole batch across
+turns, so each forward feeds only the new tokens (a sampled token, or a turn's observation chunk).
+Rows that must not advance (their episode is over, or their action already ended this turn) are fed
+the pad token with attention mask 0, and observation chunks of different lengths are left-padded
+with masked pads, so the rows stay aligned. Inside the loop a row therefore looks like
+``real real pad pad real real pad ...``; positions count only real tokens (the cumulative attention
+mask, as ``rollout._position_ids``), so a token sees exactly the context and position it has in the
+final batch, where the masked pads are removed ("compaction") and rows are right-padded. That is why
+the log-probs recorded while sampling equal :func:`~agentic_rl.rollout.sequence_logprobs` on the
+returned batch (the test of this module), and why PPO's ratio starts at exactly 1.
 
 ``reuse_cache=False`` is the naive baseline: at the start of every turn it drops the cache and
 re-encodes the whole history. It samples the same tokens; only the speed differs
@@ -41,7 +41,8 @@ __all__ = ["rollout_multiturn"]
 
 
 class _Buffer:
-    """The batch's padded token history, ``[B, L]`` per field, grown column chunk by column chunk."""
+    """The batch's padded token history, ``[B, L]`` per field,
+    grown column chunk by column chunk."""
 
     def __init__(self, ids: torch.Tensor, attn: torch.Tensor):
         self.ids, self.attn = ids, attn
@@ -60,16 +61,25 @@ class _Buffer:
         self.ids = torch.cat([self.ids, ids], 1)
         self.attn = torch.cat([self.attn, attn], 1)
         self.loss = torch.cat([self.loss, loss if loss is not None else torch.zeros_like(attn)], 1)
-        self.turn = torch.cat([self.turn, turn if turn is not None else torch.full_like(attn, -1)], 1)
-        self.logp = torch.cat([self.logp, logp if logp is not None else torch.zeros(attn.shape, device=attn.device)], 1)
+        self.turn = torch.cat(
+            [self.turn, turn if turn is not None else torch.full_like(attn, -1)], 1
+        )
+        self.logp = torch.cat(
+            [self.logp, logp if logp is not None else torch.zeros(attn.shape, device=attn.device)],
+            1,
+        )
         self.reward = torch.cat([self.reward, torch.zeros(attn.shape, device=attn.device)], 1)
         return n
 
 
 def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     width = max((len(r) for r in rows), default=0)
-    ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device).reshape(len(rows), width)
-    attn = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device).reshape(len(rows), width)
+    ids = torch.tensor(
+        [[pad] * (width - len(r)) + r for r in rows], dtype=torch.long, device=device
+    ).reshape(len(rows), width)
+    attn = torch.tensor(
+        [[0] * (width - len(r)) + [1] * len(r) for r in rows], dtype=torch.long, device=device
+    ).reshape(len(rows), width)
     return ids, attn
 
 
@@ -86,7 +96,9 @@ def _compact(buf: _Buffer, pad: int):
     valid = torch.gather(keep, 1, order)
 
     def take(x, fill):
-        return torch.where(valid, torch.gather(x, 1, order), torch.full_like(torch.gather(x, 1, order), fill))
+        return torch.where(
+            valid, torch.gather(x, 1, order), torch.full_like(torch.gather(x, 1, order), fill)
+        )
 
     out = dict(
         input_ids=take(buf.ids, pad),
@@ -124,19 +136,20 @@ def rollout_multiturn(
     special tokens kept) goes to ``env.step``; a malformed or unfinished action is the environment's
     business (it must not raise). An episode ends when the env says ``done`` or after ``max_turns``
     turns (default: each env's ``max_turns``; stopping earlier than the env marks it truncated). A
-    truncated episode keeps its final observation at the end of its row (``loss_mask`` 0): the state it
-    was cut in still has a value, which a critic can bootstrap from; a terminated one has none.
+    truncated episode keeps its final observation at the end of its row (``loss_mask`` 0): the state
+    it was cut in still has a value, which a critic can bootstrap from; a terminated one has none.
 
     Returns a :class:`~agentic_rl.rollout.Batch`, each row the episode's real token sequence,
     right-padded: ``loss_mask`` 1 exactly on the sampled tokens; ``old_logprobs`` their log-probs at
-    ``temperature`` recorded at sampling time; ``token_rewards`` each turn's reward on the last token of
-    that turn's action; ``turn_ids`` the turn of each sampled token (-1 elsewhere); ``correct`` = the
-    env's ``success``; ``format_ok`` = no malformed action; ``completions`` the actions joined with
-    ``" ; "``; ``group_id`` = ``group_ids`` or ``arange(B)``; and ``extras`` with ``success``,
-    ``num_turns``, ``terminated``, ``truncated``, ``episode_return``, ``missing_stop`` (actions that
-    hit ``max_action_tokens`` without stop word or EOS) as ``[B]`` tensors, plus ``turn_end`` and
-    ``turn_rewards`` (per row: the column of each turn's last action token, and the turn's reward).
-    With ``ref_model``, ``ref_logprobs`` is filled from one forward of it over the final batch.
+    ``temperature`` recorded at sampling time; ``token_rewards`` each turn's reward on the last
+    token of that turn's action; ``turn_ids`` the turn of each sampled token (-1 elsewhere);
+    ``correct`` = the env's ``success``; ``format_ok`` = no malformed action; ``completions`` the
+    actions joined with ``" ; "``; ``group_id`` = ``group_ids`` or ``arange(B)``; and ``extras``
+    with ``success``, ``num_turns``, ``terminated``, ``truncated``, ``episode_return``,
+    ``missing_stop`` (actions that hit ``max_action_tokens`` without stop word or EOS) as ``[B]``
+    tensors, plus ``turn_end`` and ``turn_rewards`` (per row: the column of each turn's last
+    action token, and the turn's reward). With ``ref_model``, ``ref_logprobs`` is filled from one
+    forward of it over the final batch.
 
     ``reuse_cache=True`` keeps one KV cache across turns and feeds only new tokens;
     ``reuse_cache=False`` re-encodes the whole history at the start of every turn (the naive
@@ -184,7 +197,12 @@ def rollout_multiturn(
 
         running = [True] * B
         num_turns = [0] * B
-        terminated, truncated, success, format_ok = [False] * B, [False] * B, [False] * B, [True] * B
+        terminated, truncated, success, format_ok = (
+            [False] * B,
+            [False] * B,
+            [False] * B,
+            [True] * B,
+        )
         missing_stop = [0] * B
         actions: list[list[str]] = [[] for _ in range(B)]
         turn_end: list[list[int]] = [[] for _ in range(B)]  # buffer columns, mapped at the end
@@ -195,7 +213,8 @@ def rollout_multiturn(
             if not any(running):
                 break
             if not reuse_cache or cache is None:
-                # the naive baseline re-encodes everything at every turn; the cached loop only at turn 0
+                # the naive baseline re-encodes everything at every turn;
+                # the cached loop only at turn 0
                 cache = DynamicCache(config=config) if config is not None else DynamicCache()
                 fed = 0
             logits = advance()  # cached: only the last action column + this observation chunk
@@ -221,7 +240,9 @@ def rollout_multiturn(
                     torch.where(generating, tok, torch.full_like(tok, pad)).unsqueeze(1),
                     g.unsqueeze(1),
                     loss=g.unsqueeze(1),
-                    turn=torch.where(generating, torch.full_like(g, turn), torch.full_like(g, -1)).unsqueeze(1),
+                    turn=torch.where(
+                        generating, torch.full_like(g, turn), torch.full_like(g, -1)
+                    ).unsqueeze(1),
                     logp=torch.where(generating, logp, torch.zeros_like(logp)).unsqueeze(1),
                 )
                 col = buf.width - 1
@@ -232,7 +253,7 @@ def rollout_multiturn(
                         continue
                     gen[i].append(tok_list[i])
                     last_col[i] = col
-                    if tok_list[i] == eos or (stop_ids and gen[i][-len(stop_ids):] == stop_ids):
+                    if tok_list[i] == eos or (stop_ids and gen[i][-len(stop_ids) :] == stop_ids):
                         generating[i] = False
                 if not bool(generating.any()):
                     break
@@ -245,7 +266,7 @@ def rollout_multiturn(
                 ids = gen[i]
                 if ids and ids[-1] == eos:
                     ids = ids[:-1]
-                elif stop_ids and ids[-len(stop_ids):] == stop_ids:
+                elif stop_ids and ids[-len(stop_ids) :] == stop_ids:
                     ids = ids[: -len(stop_ids)]
                 else:
                     missing_stop[i] += 1
@@ -266,8 +287,9 @@ def rollout_multiturn(
                     terminated[i] = bool(info.get("terminated", not truncated[i]))
                     running[i] = False
                     if truncated[i] and obs:
-                        # Cut by the turn limit, not ended: keep the final observation (loss_mask 0), so a
-                        # critic can value the state the episode stopped in (bootstrapping).
+                        # Cut by the turn limit, not ended: keep the final observation
+                        # (loss_mask 0), so a critic can value the state the episode stopped
+                        # in (bootstrapping).
                         obs_rows[i] = tokenizer(obs, add_special_tokens=False)["input_ids"]
                 elif num_turns[i] >= limits[i]:
                     truncated[i], terminated[i], running[i] = True, False, False
@@ -318,7 +340,10 @@ def rollout_multiturn(
         ref_model.eval()
         try:
             batch.ref_logprobs = (
-                sequence_logprobs(ref_model, batch.input_ids, batch.attention_mask, temperature=temperature) * batch.loss_mask
+                sequence_logprobs(
+                    ref_model, batch.input_ids, batch.attention_mask, temperature=temperature
+                )
+                * batch.loss_mask
             )
         finally:
             ref_model.train(ref_training)

@@ -26,18 +26,20 @@ def in_colab() -> bool:
 
 
 def setup(seed: int = 0, *, threads: int | None = 1, quiet: bool = True) -> None:
-    """Make a run reproducible: seeds, one torch thread, and no download/progress noise from transformers.
+    """Make a run reproducible: seeds, one torch thread,
+    and no download/progress noise from transformers.
 
-    One thread is both the deterministic choice (bits depend on the thread count) and the fast one on a
-    small shared CPU (two threads on two busy cores oversubscribe OpenMP; see ``reference/stack.md``).
-    Pass ``threads=None`` to leave torch's default.
+    One thread is both the deterministic choice (bits depend on the thread count) and the fast one
+    on a small shared CPU (two threads on two busy cores oversubscribe OpenMP; see
+    ``reference/stack.md``). Pass ``threads=None`` to leave torch's default.
     """
     if threads is not None:
         torch.set_num_threads(threads)
     seed_everything(seed)
     if quiet:
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # tqdm.auto (imported by transformers) warns in a notebook without ipywidgets; text bars are fine
+        # tqdm.auto (imported by transformers) warns in a notebook without ipywidgets;
+        # text bars are fine
         warnings.filterwarnings("ignore", message="IProgress not found")
         from transformers.utils import logging as hf_logging
 

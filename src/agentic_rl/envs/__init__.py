@@ -1,4 +1,7 @@
-"""Tasks and environments. ``make_task(name, **kwargs)`` / ``make_env(name, **kwargs)`` build one by name."""
+"""Tasks and environments.
+
+``make_task(name, **kwargs)`` / ``make_env(name, **kwargs)`` build one by name.
+"""
 
 from __future__ import annotations
 
@@ -18,10 +21,22 @@ def make_task(name: str, **kwargs) -> Task:
 
 
 def make_env(name: str, **kwargs) -> MultiTurnEnv:
-    """Build a registered multi-turn environment by name; unknown names raise with the list of known ones."""
+    """Build a registered multi-turn environment by name;
+    unknown names raise with the list of known ones."""
     if name not in ENVS:
         raise ValueError(f"unknown env {name!r}: known envs are {sorted(ENVS)}")
     return ENVS[name](**kwargs)
 
 
-__all__ = ["AdditionTask", "ENVS", "FrozenLakeEnv", "MultiTurnEnv", "Problem", "Score", "Task", "TASKS", "make_env", "make_task"]
+__all__ = [
+    "AdditionTask",
+    "ENVS",
+    "FrozenLakeEnv",
+    "MultiTurnEnv",
+    "Problem",
+    "Score",
+    "Task",
+    "TASKS",
+    "make_env",
+    "make_task",
+]

@@ -1,7 +1,7 @@
 """The task interface every chapter's environment implements.
 
-A single-turn *task* hands out problems (a prompt and the reference answer), scores a completion, and
-writes demonstrations for the SFT warm start. Multi-turn environments (later chapters) add
+A single-turn *task* hands out problems (a prompt and the reference answer), scores a completion,
+and writes demonstrations for the SFT warm start. Multi-turn environments (later chapters) add
 ``reset``/``step`` on top of the same vocabulary and scoring conventions.
 """
 
@@ -25,8 +25,8 @@ class Problem:
 class Score:
     """The outcome of one completion.
 
-    ``reward`` is what the RL loss sees (here: correctness plus a small format term); ``correct`` and
-    ``format_ok`` are the two facts it is made of, logged separately.
+    ``reward`` is what the RL loss sees (here: correctness plus a small format term); ``correct``
+    and ``format_ok`` are the two facts it is made of, logged separately.
     """
 
     reward: float
@@ -56,9 +56,9 @@ class MultiTurnEnv(Protocol):
     """A text environment for the multi-turn agent loop (``agentic_rl.multiturn``).
 
     Turn protocol: every observation ends with the action's opening tag (``<action>``); the policy
-    writes its action and closes it with ``</action>`` (the rollout's stop word); the environment reads
-    the text between the two. ``step`` must never raise on malformed text: a malformed action ends the
-    episode with a format penalty (``info["format_ok"] = False``).
+    writes its action and closes it with ``</action>`` (the rollout's stop word); the environment
+    reads the text between the two. ``step`` must never raise on malformed text: a malformed action
+    ends the episode with a format penalty (``info["format_ok"] = False``).
 
     ``info`` of ``step`` always has ``terminated`` (a terminal state: goal, hole, malformed action),
     ``truncated`` (the turn limit ended the episode; bootstrapping would be legitimate here),
@@ -72,10 +72,12 @@ class MultiTurnEnv(Protocol):
         """Every word an observation or an action can contain."""
 
     def reset(self, seed: int) -> str:
-        """Start an episode (the seed fixes everything random about it); return the first observation."""
+        """Start an episode (the seed fixes everything random about it);
+        return the first observation."""
 
     def step(self, action_text: str) -> tuple[str, float, bool, dict]:
         """Apply one action; return ``(observation, reward, done, info)``."""
 
     def expert_action(self) -> str:
-        """An optimal action from the current state, as text (demonstrations for the SFT warm start)."""
+        """An optimal action from the current state, as text
+        (demonstrations for the SFT warm start)."""
