@@ -12,6 +12,7 @@ import csv
 import dataclasses
 import fcntl
 import io
+import json
 import math
 import os
 import pickle
@@ -582,6 +583,9 @@ def test_finished_run_re_invoked_is_complete_and_changes_nothing(capsys, finishe
     code, stdout, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
     assert code == 0 and "already complete" in err and "nothing was changed" in err, err
     assert '"rl_steps": 2' in stdout
+    reported = json.loads(stdout)  # the same summary as the finished run wrote, wall time included
+    written = json.loads((out / "summary.json").read_text())
+    assert reported["wall_time_s"] == pytest.approx(written["wall_time_s"], abs=1e-4)
     assert _snapshot(out) == before  # bytes and mtimes of every file
     assert sorted(os.listdir(out)) == sorted(before)
 

@@ -522,6 +522,7 @@ class GRPOTrainer:
             finally:
                 self._tick()
                 self._clock = None
+            self.save_checkpoint()  # the final state, with the final wall time: a re-run reports it
             return self.summary()
 
     @property
@@ -553,7 +554,6 @@ class GRPOTrainer:
             self._maybe_checkpoint()
         bar.close()
         self.evals["after"] = self.evaluate()
-        self.save_checkpoint()
 
     def evaluate(self) -> dict:
         c = self.config
