@@ -62,15 +62,9 @@ def plot_metrics(
         vals = [r[key] for r in history]
         ax.plot(steps, vals, color="C0", alpha=0.25, lw=1)
         ax.plot(steps, smooth(vals, window), color="C0", lw=2)
-        ax.set_title(LABELS.get(key, key), fontsize=10)
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _dress(fig, axes, keys, xlabel, title)
 
 
 def plot_runs(
@@ -97,10 +91,17 @@ def plot_runs(
                 lw=2,
                 label=label,
             )
+    return _dress(fig, axes, keys, xlabel, title, legend=True)
+
+
+def _dress(fig, axes, keys, xlabel: str, title: str | None, *, legend: bool = False):
+    """The finish every figure here shares: a titled, gridded panel per metric, then layout."""
+    for ax, key in zip(axes.flat, keys):
         ax.set_title(LABELS.get(key, key), fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
+    if legend:
+        axes.flat[0].legend(fontsize=8)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
@@ -138,14 +139,7 @@ def plot_seeds(
             ax.plot(
                 steps, curves.mean(0), color=f"C{i}", lw=2, label=f"{label} ({len(hists)} seeds)"
             )
-        ax.set_title(LABELS.get(key, key), fontsize=10)
-        ax.set_xlabel(xlabel)
-        ax.grid(alpha=0.3)
-    axes.flat[0].legend(fontsize=8)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    return fig
+    return _dress(fig, axes, keys, xlabel, title, legend=True)
 
 
 def plot_advantages(advantages: dict[str, np.ndarray], *, bins: int = 30):
