@@ -26,13 +26,14 @@ from __future__ import annotations
 import argparse
 import base64
 import html
-import json
 import pathlib
 import re
 import sys
 
 from markdown_it import MarkdownIt
 from mdit_py_plugins.dollarmath import dollarmath_plugin
+
+from agentic_rl.utils import stored_outputs
 
 BOOK = pathlib.Path(__file__).resolve().parents[1]
 ROOT = BOOK.parent
@@ -228,10 +229,7 @@ def _lab_figures(source: str) -> list[str]:
     lab = ROOT / "labs" / f"{found.group(1)}.ipynb" if found else None
     if lab is None or not lab.exists():
         return []
-    cells = json.loads(lab.read_text())["cells"]
-    return [out["data"]["image/png"] for c in cells
-            if "chapter-figure" in c.get("metadata", {}).get("tags", [])
-            for out in c.get("outputs", []) if "image/png" in out.get("data", {})]
+    return [png for kind, png in stored_outputs(str(lab), "chapter-figure") if kind == "png"]
 
 
 def chapter_number(name: str) -> str:

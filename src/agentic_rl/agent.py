@@ -38,19 +38,18 @@ class ValueModel(nn.Module):
     """A critic: a decoder trunk and a scalar head.
     ``values[:, t]`` = V(state in which token t is chosen).
 
-    The head reads the hidden state *after* token ``t-1``, i.e. the context before token ``t`` — the
-    same alignment as ``sequence_logprobs`` (column 0 is 0). ``forward`` also returns the head on
-    every position (``after[:, t]`` = V(state after token t)), which the bootstrap of a truncated
-    episode needs.
+    The head reads the hidden state *after* token ``t-1``, i.e. the context before token ``t``:
+    the same alignment as ``sequence_logprobs`` (column 0 is 0). ``forward`` also returns the head
+    on every position (``after[:, t]`` = V(state after token t)), which the bootstrap of a
+    truncated episode needs.
     """
 
     def __init__(self, backbone: nn.Module, hidden_size: int):
         super().__init__()
         self.backbone = backbone
         self.head = nn.Linear(hidden_size, 1)
-        nn.init.zeros_(
-            self.head.weight
-        )  # V = 0 everywhere at the start: no made-up value estimates
+        # V = 0 everywhere at the start: no made-up value estimates
+        nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
     @classmethod
@@ -84,9 +83,8 @@ class AgentTrainer(GRPOTrainer):
     def __init__(self, config: PPOConfig, *, model=None, tokenizer=None):
         self.critic = None
         super().__init__(config, model=model, tokenizer=tokenizer)
-        if (
-            config.advantage_estimator == "gae" and self.phase == "grpo"
-        ):  # no SFT phase: RL starts now
+        # no SFT phase: RL starts now
+        if config.advantage_estimator == "gae" and self.phase == "grpo":
             self._make_critic()
             self.optimizer = self._make_optimizer()
 

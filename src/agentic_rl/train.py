@@ -58,9 +58,8 @@ from contextlib import contextmanager
 import numpy as np
 import torch
 
-with (
-    warnings.catch_warnings()
-):  # tqdm.auto warns in notebooks without ipywidgets; it falls back to text bars
+# tqdm.auto warns in notebooks without ipywidgets; it falls back to text bars
+with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from tqdm.auto import tqdm
 
@@ -196,9 +195,8 @@ class GRPOTrainer:
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.ref_model = None
-        self.problem_rng = random.Random(
-            config.seed
-        )  # training problems (its state is checkpointed)
+        # training problems (its state is checkpointed)
+        self.problem_rng = random.Random(config.seed)
         self.eval_problems = self._make_eval_set()
         self.phase = "sft" if config.sft_steps > 0 else "grpo"
         self.step = 0  # steps done in the current phase
@@ -372,9 +370,8 @@ class GRPOTrainer:
             with_entropy=True,
         )
         norm = self.max_generated_tokens  # the constant L of seq-mean-token-sum-norm (Dr. GRPO)
-        old_logprobs = (
-            batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
-        )  # mu = 1: rho = 1
+        # one gradient step per batch: pi_old is the policy itself, rho = 1
+        old_logprobs = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
         loss, metrics = policy_loss(
             logprobs,
             old_logprobs,
@@ -391,9 +388,8 @@ class GRPOTrainer:
             loss = loss + c.beta * aggregate(kl, batch.loss_mask, c.agg_mode, norm_constant=norm)
         metrics["entropy"] = aggregate(entropy.detach(), batch.loss_mask, "token-mean").item()
         metrics["kl"] = float("nan")
-        if (
-            batch.ref_logprobs is not None
-        ):  # the drift from pi_ref, logged with k3 whatever the loss uses
+        # the drift from pi_ref, logged with k3 whatever the loss uses
+        if batch.ref_logprobs is not None:
             metrics["kl"] = aggregate(
                 kl_penalty(logprobs.detach(), batch.ref_logprobs, "k3"),
                 batch.loss_mask,
@@ -631,9 +627,8 @@ class GRPOTrainer:
         check_resumable(self.config, state, path)
         self.model.load_state_dict(state["model"])
         self.phase, self.step = state["phase"], state["step"]
-        self._load_extra_state(
-            state
-        )  # before the optimizer: a subclass may add parameters (a critic)
+        # before the optimizer: a subclass may add parameters (a critic)
+        self._load_extra_state(state)
         self.optimizer = self._make_optimizer()
         self.optimizer.load_state_dict(state["optimizer"])
         if state["ref_model"] is not None:

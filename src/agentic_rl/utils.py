@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "setup", "in_colab"]
+__all__ = ["seed_everything", "setup", "in_colab", "stored_outputs"]
 
 
 def seed_everything(seed: int) -> None:
@@ -45,3 +45,25 @@ def setup(seed: int = 0, *, threads: int | None = 1, quiet: bool = True) -> None
 
         hf_logging.disable_progress_bar()
         hf_logging.set_verbosity_error()
+
+
+def stored_outputs(notebook: str, tag: str) -> list[tuple[str, str]]:
+    """The stored outputs of a notebook's cells tagged ``tag``, in order, as ``(kind, value)``:
+    ``("text", printed text)`` or ``("png", base64 image)``.
+
+    How a chapter (and its slides) shows its lab's results without re-running the lab.
+    """
+    import json
+
+    with open(notebook) as fh:
+        cells = json.load(fh)["cells"]
+    found = []
+    for cell in cells:
+        if tag not in cell.get("metadata", {}).get("tags", []):
+            continue
+        for out in cell.get("outputs", []):
+            if out.get("name") == "stdout":
+                found.append(("text", "".join(out["text"])))
+            elif "image/png" in out.get("data", {}):
+                found.append(("png", out["data"]["image/png"]))
+    return found

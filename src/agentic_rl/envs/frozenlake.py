@@ -205,9 +205,8 @@ class FrozenLakeEnv:
             raise RuntimeError("episode is over; call reset")
         self._turn += 1
         word = action_text.strip() if isinstance(action_text, str) else None
-        if (
-            word not in ACTIONS
-        ):  # malformed: the episode ends here, by rule (a terminal, not a time limit)
+        # malformed: the episode ends here, by rule (a terminal, not a time limit)
+        if word not in ACTIONS:
             self._done = True
             info = self._info(terminated=True, truncated=False, format_ok=False, success=False)
             return "", -self.format_penalty, True, info
