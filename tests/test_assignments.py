@@ -27,6 +27,7 @@ ASSIGNMENTS = ROOT / "labs" / "assignments"
 FUNCTIONS = {
     "grpo": ["group_advantages", "aggregate", "clipped_token_loss"],
     "gae": ["gae", "masked_whiten", "value_loss"],
+    "retool": ["tool_output_mask", "spurious_logit_gradient", "resample_on_correct"],
 }
 
 #: a planted bug per chapter (a line of the solution replaced), and what the grader must say
@@ -37,6 +38,11 @@ BUGS = {
     "gae": ("next_value = torch.where(m[:, t] > 0, values[:, t], next_value)",
             "next_value = values[:, t]",
             "`gae` is wrong for a row with observation tokens (mask 0) between the actions"),
+    "retool": ("after_first = sampled.long().cumsum(-1) > 0",
+               "after_first = torch.ones_like(sampled)",
+               "`tool_output_mask` is wrong for the chapter's right-padded row (prompt, code, "
+               "interpreter output, answer, padding): it marks 7 token(s) before the row's first "
+               "policy token"),
 }
 
 

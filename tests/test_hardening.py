@@ -28,7 +28,14 @@ import torch
 from agentic_rl import checkpoint as ckpt
 from agentic_rl.checkpoint import CheckpointError, ConfigMismatchError, RunLockedError
 from agentic_rl.cli import main
-from agentic_rl.config import TINY_MAX_POSITIONS, ConfigError, GRPOConfig, PPOConfig, RunError
+from agentic_rl.config import (
+    TINY_MAX_POSITIONS,
+    ConfigError,
+    GRPOConfig,
+    PPOConfig,
+    ReToolConfig,
+    RunError,
+)
 from agentic_rl.train import GRPOTrainer
 
 TINY = [
@@ -60,6 +67,40 @@ TINY = [
     "8",
     "--eval-samples",
     "1",
+    "--device",
+    "cpu",
+    "--disable-tqdm",
+    "true",
+]
+TINY_RETOOL = [
+    "--hidden-size",
+    "32",
+    "--num-hidden-layers",
+    "1",
+    "--num-attention-heads",
+    "2",
+    "--num-key-value-heads",
+    "1",
+    "--intermediate-size",
+    "64",
+    "--sft-steps",
+    "4",
+    "--sft-batch-size",
+    "4",
+    "--max-steps",
+    "4",
+    "--save-steps",
+    "1",
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
+    "2",
+    "--eval-size",
+    "4",
+    "--eval-samples",
+    "1",
+    "--grad-share-every",
+    "2",
     "--device",
     "cpu",
     "--disable-tqdm",
@@ -199,6 +240,20 @@ CASES = [
     (PPOConfig, dict(profile="full"), "profile"),
     (PPOConfig, dict(cliprange_value=NAN), "cliprange_value"),
     (PPOConfig, dict(whiten_advantages="no"), "whiten_advantages"),
+    (ReToolConfig, dict(max_turns=1), "max_turns"),
+    (ReToolConfig, dict(max_turns=40), "max_turns"),
+    (ReToolConfig, dict(digits_a=7), "digits_a"),
+    (ReToolConfig, dict(tool_error_rate=1.5), "tool_error_rate"),
+    (ReToolConfig, dict(tool_timeout_s=0.0), "tool_timeout_s"),
+    (ReToolConfig, dict(tool_memory_mb=8), "tool_memory_mb"),
+    (ReToolConfig, dict(tool_workers=0), "tool_workers"),
+    (ReToolConfig, dict(max_action_tokens=5), "max_action_tokens"),
+    (
+        ReToolConfig,
+        dict(resample_on_correct=True, advantage_estimator="gae"),
+        "resample_on_correct",
+    ),
+    (ReToolConfig, dict(env="sokoban"), "env"),
 ]
 
 
@@ -216,7 +271,7 @@ def _bad_values(cls):
             yield cls, {f.name: -INF}, f.name
 
 
-ALL_CASES = CASES + list(_bad_values(GRPOConfig)) + list(_bad_values(PPOConfig))
+ALL_CASES = CASES + [c for cls in (GRPOConfig, PPOConfig, ReToolConfig) for c in _bad_values(cls)]
 
 
 @pytest.mark.parametrize(
@@ -245,7 +300,7 @@ def test_assignment_after_construction_is_validated_and_undone(cls, overrides, f
 
 
 def test_valid_configs_and_profiles_still_pass():
-    for cls in (GRPOConfig, PPOConfig):
+    for cls in (GRPOConfig, PPOConfig, ReToolConfig):
         for profile in cls.PROFILES:
             c = cls.from_profile(profile, seed=3)
             c.check_environment()  # the profiles are never refused (memory estimate included)
@@ -386,7 +441,7 @@ def test_cli_subprocess_bad_config_has_no_traceback(tmp_path):
 def test_top_level_help_lists_recipes_with_one_line_each(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for name, cls in (("grpo", GRPOConfig), ("ppo", PPOConfig)):
+    for name, cls in (("grpo", GRPOConfig), ("ppo", PPOConfig), ("retool", ReToolConfig)):
         first = cls.__doc__.strip().splitlines()[0]
         assert any(ln.split() == [name, *first.split()] for ln in out.splitlines()), out
 
@@ -671,7 +726,12 @@ def _rows(path):
 
 
 @pytest.mark.parametrize(
-    "recipe,argv", [("grpo", [*TINY, "--max-steps", "6", "--save-steps", "1"]), ("ppo", TINY_PPO)]
+    "recipe,argv",
+    [
+        ("grpo", [*TINY, "--max-steps", "6", "--save-steps", "1"]),
+        ("ppo", TINY_PPO),
+        ("retool", [*TINY_RETOOL, "--mask-interpreter", "false"]),
+    ],
 )
 def test_kill_9_and_resume_is_identical(tmp_path, recipe, argv):
     a, b = tmp_path / "a", tmp_path / "b"

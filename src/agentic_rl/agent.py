@@ -195,6 +195,11 @@ class AgentTrainer(GRPOTrainer):
         c = self.config
         seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
         batch = self.play(seeds, group_size=c.num_generations, ref_model=self.ref_model)
+        return self._attach_values(batch)
+
+    def _attach_values(self, batch: Batch) -> Batch:
+        """The critic's values of a rollout batch (and the bootstrap of truncated episodes)."""
+        c = self.config
         if batch.old_logprobs is None:
             raise RuntimeError("the multi-turn rollout must record old log-probs")
         if self.critic is not None:

@@ -16,9 +16,16 @@ import json
 import os
 import sys
 
-from .config import ConfigError, GRPOConfig, PPOConfig, RunError, config_from_args
+from .config import (
+    ConfigError,
+    GRPOConfig,
+    PPOConfig,
+    ReToolConfig,
+    RunError,
+    config_from_args,
+)
 
-RECIPES = {"grpo": GRPOConfig, "ppo": PPOConfig}
+RECIPES = {"grpo": GRPOConfig, "ppo": PPOConfig, "retool": ReToolConfig}
 USAGE = (
     "usage: python -m agentic_rl {%s} [--profile quick|full] [--seed N] [--output-dir DIR] "
     "[--key value ...]"
@@ -28,7 +35,7 @@ USAGE = (
 def _usage() -> str:
     lines = [USAGE % ", ".join(sorted(RECIPES)), "", "recipes:"]
     for name, cls in sorted(RECIPES.items()):
-        lines.append(f"  {name:<6}{(cls.__doc__ or '').strip().splitlines()[0]}")
+        lines.append(f"  {name:<8}{(cls.__doc__ or '').strip().splitlines()[0]}")
     lines += ["", "python -m agentic_rl <recipe> --help lists the recipe's flags."]
     return "\n".join(lines)
 
@@ -61,12 +68,18 @@ def main(argv: list[str] | None = None) -> int:
         setup(config.seed, threads=1 if config.device in ("auto", "cpu") else None)
         if recipe == "grpo":
             from .train import GRPOTrainer as Trainer
-        else:
+        elif recipe == "ppo":
             from .agent import AgentTrainer as Trainer
+        else:
+            from .retool import ReToolTrainer as Trainer
         from .train import run_recipe
 
         trainer = Trainer(config)
-        summary = run_recipe(trainer)
+        try:
+            summary = run_recipe(trainer)
+        finally:
+            if hasattr(trainer, "close"):
+                trainer.close()  # e.g. the sandbox's worker processes
     except RunError as err:
         return _error(err)
     out = config.output_dir

@@ -26,6 +26,7 @@ __all__ = [
     "RLConfig",
     "GRPOConfig",
     "PPOConfig",
+    "ReToolConfig",
     "PROFILES",
     "RunError",
     "ConfigError",
@@ -660,6 +661,125 @@ class PPOConfig(RLConfig):
     def min_sequence_tokens(self) -> int:
         # the first observation (the map, one token per tile and row separator) and one action
         return self.map_size * (self.map_size + 1) + 3 + self.max_action_tokens
+
+
+@dataclass
+class ReToolConfig(PPOConfig):
+    """ReTool: code execution inside the rollout, the interpreter's output masked out of the loss."""
+
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(
+            digits_a=4,
+            digits_b=3,
+            max_action_tokens=14,
+            max_output_tokens=10,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1024,
+            sft_steps=1500,
+            sft_batch_size=64,
+            max_steps=300,
+            prompts_per_step=64,
+            eval_size=512,
+        ),
+    }
+
+    # --- defaults that differ from the PPO recipe (quick profile: ~1 minute per run)
+    env: str = _f("multiply", "Environment name (see agentic_rl.envs.ENVS).")
+    advantage_estimator: str = _f(
+        "grpo",
+        "'grpo' (group-relative, as the verl ReTool recipe) or 'gae' (PPO with a critic, as the "
+        "ReTool paper).",
+    )
+    num_generations: int = _f(8, "Episodes per problem (the GRPO group).")
+    prompts_per_step: int = _f(16, "Problems per RL step.")
+    num_minibatches: int = _f(
+        2,
+        "Minibatches per pass over the rollout batch (from the second, the ratio departs from 1).",
+    )
+    sft_steps: int = _f(400, "Cold-start SFT steps on synthetic traces before RL (0: skip).")
+    max_steps: int = _f(40, "RL steps (one rollout batch each).")
+    eval_size: int = _f(128, "Held-out problems for the before/after evaluation.")
+    max_turns: int = _f(
+        3,
+        "Segments of policy text per episode; a tool call ends a segment, so the tool budget "
+        "is max_turns - 1 calls.",
+    )
+    max_action_tokens: int = _f(10, "Maximum tokens of one segment of policy text.")
+    demo_error_rate: float = _f(
+        0.15,
+        "Fraction of the cold-start tool traces whose code miscopies a digit (a consistent but "
+        "wrong trace).",
+    )
+    demo_retry_rate: float = _f(
+        0.0,
+        "Fraction of the cold-start tool traces whose first snippet is a syntax error, followed "
+        "by a correct retry (correct traces with a tool error: the GRPO-RoC demonstration).",
+    )
+    # --- the task and the tool
+    digits_a: int = _f(3, "Digits of the first factor.")
+    digits_b: int = _f(2, "Digits of the second factor.")
+    sft_tool_fraction: float = _f(
+        0.5, "Fraction of cold-start traces that use the tool (the rest answer directly)."
+    )
+    mask_interpreter: bool = _f(
+        True,
+        "Interpreter feedback mask: no loss on interpreter tokens (ReTool). False is the "
+        "ablation: they are trained as if the policy had written them.",
+    )
+    max_output_tokens: int = _f(8, "Interpreter output longer than this is cut and marked '...'.")
+    tool_error_rate: float = _f(
+        0.0, "Probability that a tool call fails without running (the GRPO-RoC demonstration)."
+    )
+    tool_timeout_s: float = _f(1.0, "Sandbox: wall-clock limit per snippet, in seconds.")
+    tool_memory_mb: int = _f(256, "Sandbox: address-space limit per snippet, in MiB.")
+    tool_workers: int = _f(2, "Sandbox pool: snippets run concurrently.")
+    resample_on_correct: bool = _f(
+        False,
+        "GRPO-RoC: sample 2 * num_generations episodes per problem, keep num_generations "
+        "(positives with the fewest tool errors, negatives at random).",
+    )
+    grad_share_every: int = _f(
+        5,
+        "Every this many RL steps, measure the share of the gradient norm that comes from "
+        "interpreter tokens (0: never; costs two extra backward passes).",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("digits_a", "digits_b"):
+            if not 1 <= getattr(self, name) <= 6:
+                self._bad(name, "must be between 1 and 6")
+        for name in ("sft_tool_fraction", "tool_error_rate", "demo_retry_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                self._bad(name, "must be in [0, 1]")
+        if self.max_turns < 2:
+            self._bad("max_turns", "must be >= 2 (one tool call and an answer)")
+        if not self.tool_timeout_s > 0:
+            self._bad("tool_timeout_s", "must be positive")
+        self._at_least(("max_output_tokens", "tool_workers"), 1)
+        self._at_least(("tool_memory_mb",), 32)
+        self._at_least(("grad_share_every",), 0)
+        if self.resample_on_correct and self.advantage_estimator != "grpo":
+            self._bad("resample_on_correct", "is a GRPO method: use advantage_estimator 'grpo'")
+        # the answer segment: <answer>, the product's digits, </answer>, EOS
+        need = self.digits_a + self.digits_b + 3
+        if self.max_action_tokens < need:
+            self._bad("max_action_tokens", f"must be >= {need} to write the answer")
+        # prompt, every segment, and an interpreter block (with its "...") after each tool call
+        tokens = self.digits_a + self.digits_b + 3 + self.max_turns * self.max_action_tokens
+        self._check_positions(
+            "max_turns", tokens + (self.max_turns - 1) * (self.max_output_tokens + 3)
+        )
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
+
+    def min_sequence_tokens(self) -> int:
+        # the prompt and one answer segment
+        return self.digits_a + self.digits_b + 3 + self.max_action_tokens
 
 
 #: The GRPO recipe's profiles (kept as a module name for convenience).

@@ -83,6 +83,15 @@ def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, to
     return ids, attn
 
 
+def _step_all(envs: list, texts: list[str]) -> list[tuple]:
+    """``env.step(text)`` for each running episode, or one ``step_batch`` call when their class
+    has one (the same class for all)."""
+    cls = type(envs[0]) if envs else None
+    if cls is not None and hasattr(cls, "step_batch") and all(type(e) is cls for e in envs):
+        return list(cls.step_batch(envs, texts))
+    return [env.step(text) for env, text in zip(envs, texts)]
+
+
 def _compact(buf: _Buffer, pad: int):
     """Drop the masked pads inside each row, then right-pad rows to one width.
 
@@ -125,6 +134,7 @@ def rollout_multiturn(
     temperature: float = 1.0,
     greedy: bool = False,
     reuse_cache: bool = True,
+    keep_stop_word: bool = False,
     group_ids=None,
     ref_model=None,
 ) -> Batch:
@@ -150,6 +160,11 @@ def rollout_multiturn(
     tensors, plus ``turn_end`` and ``turn_rewards`` (per row: the column of each turn's last
     action token, and the turn's reward). With ``ref_model``, ``ref_logprobs`` is filled from one
     forward of it over the final batch.
+
+    ``keep_stop_word=True`` hands the env the action text *with* its stop word when the policy wrote
+    one (so the env can tell a closed ``</code>`` from an action cut by EOS or the token limit).
+    Envs whose class has a ``step_batch(envs, texts)`` static method are stepped together, once per
+    turn (e.g. ReTool's, which runs the turn's code snippets concurrently in the sandbox pool).
 
     ``reuse_cache=True`` keeps one KV cache across turns and feeds only new tokens;
     ``reuse_cache=False`` re-encodes the whole history at the start of every turn (the naive
@@ -260,19 +275,18 @@ def rollout_multiturn(
 
             # ---- the environments answer ----
             obs_rows: list[list[int]] = [[] for _ in range(B)]
-            for i in range(B):
-                if not running[i]:
-                    continue
+            live = [i for i in range(B) if running[i]]
+            for i in live:
                 ids = gen[i]
                 if ids and ids[-1] == eos:
                     ids = ids[:-1]
                 elif stop_ids and ids[-len(stop_ids) :] == stop_ids:
-                    ids = ids[: -len(stop_ids)]
+                    ids = ids if keep_stop_word else ids[: -len(stop_ids)]
                 else:
                     missing_stop[i] += 1
-                text = tokenizer.decode(ids, skip_special_tokens=False)
-                actions[i].append(text)
-                obs, reward, done, info = envs[i].step(text)
+                actions[i].append(tokenizer.decode(ids, skip_special_tokens=False))
+            steps = _step_all([envs[i] for i in live], [actions[i][-1] for i in live])
+            for i, (obs, reward, done, info) in zip(live, steps):
                 info = info or {}
                 reward = float(reward)
                 buf.reward[i, last_col[i]] += reward

@@ -8,9 +8,10 @@ from __future__ import annotations
 from .arithmetic import AdditionTask
 from .base import MultiTurnEnv, Problem, Score, Task
 from .frozenlake import FrozenLakeEnv
+from .multiply import MultiplyEnv
 
 TASKS = {"addition": AdditionTask}
-ENVS = {"frozenlake": FrozenLakeEnv}
+ENVS = {"frozenlake": FrozenLakeEnv, "multiply": MultiplyEnv}
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -33,6 +34,7 @@ __all__ = [
     "ENVS",
     "FrozenLakeEnv",
     "MultiTurnEnv",
+    "MultiplyEnv",
     "Problem",
     "Score",
     "Task",

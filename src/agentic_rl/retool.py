@@ -1,0 +1,355 @@
+"""ReTool: a code interpreter inside the rollout, and the interpreter-feedback mask.
+
+The ReTool chapter's new ideas, on top of the multi-turn agent trainer (:class:`AgentTrainer`):
+
+- the environment is an interpreter (:class:`~agentic_rl.envs.MultiplyEnv`): generation pauses at
+  ``</code>``, the snippet runs in the sandbox (:mod:`agentic_rl.sandbox`), and its output comes
+  back inside ``<interpreter> ... </interpreter>``; the multi-turn engine keeps its KV cache across
+  the pause, so only the output's tokens are encoded;
+- the **interpreter feedback mask**: those tokens stay in the context, but with ``loss_mask`` 0
+  (eq. retool-loss). :func:`interpreter_tokens` finds them; ``mask_interpreter=False`` is the
+  ablation that trains them as if the policy had written them (:func:`unmask_interpreter`);
+- :func:`gradient_share`: how much of the update comes from interpreter tokens when they are not
+  masked;
+- :func:`resample_on_correct`: rStar2-Agent's GRPO-RoC down-sampling (positives with the fewest
+  tool errors, negatives at random).
+
+Everything else (SFT, GRPO or PPO+GAE, checkpoints, the CLI) is the agent trainer's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import sandbox
+from .agent import AgentTrainer
+from .config import ReToolConfig
+from .envs import make_env
+from .losses import policy_loss
+from .rollout import Batch, build_segments_batch, sequence_logprobs
+from .train import _fixed_rng, run_recipe
+
+__all__ = [
+    "ReToolTrainer",
+    "interpreter_tokens",
+    "unmask_interpreter",
+    "gradient_share",
+    "resample_on_correct",
+    "run_retool",
+]
+
+
+def interpreter_tokens(batch: Batch) -> torch.Tensor:
+    """``[B, T]`` bool: the environment's tokens after the prompt (the interpreter's output).
+
+    They are the real tokens (``attention_mask`` 1) that the policy did not sample
+    (``loss_mask`` 0) and that come after its first sampled token: everything the tool appended.
+    """
+    sampled = batch.loss_mask.bool()
+    after_first = sampled.long().cumsum(1) > 0
+    return batch.attention_mask.bool() & ~sampled & after_first
+
+
+@torch.no_grad()
+def unmask_interpreter(batch: Batch, model, *, temperature: float = 1.0) -> torch.Tensor:
+    """The ablation: give the interpreter's tokens ``loss_mask`` 1, as if the policy had sampled
+    them. Returns the ``[B, T]`` mask of those tokens.
+
+    PPO's ratio needs their "old" log-probs: one forward of the current policy (which never chose
+    them; the rollout only recorded the log-probs of tokens it sampled).
+    """
+    tool = interpreter_tokens(batch)
+    old = sequence_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
+    batch.old_logprobs = torch.where(tool, old, batch.old_logprobs)
+    batch.loss_mask = batch.loss_mask | tool.long()
+    batch.extras["tool_tokens"] = tool
+    return tool
+
+
+def gradient_share(trainer: "ReToolTrainer", batch: Batch, advantages: torch.Tensor) -> float:
+    """``|g_I| / (|g_I| + |g_P|)``: the interpreter tokens' share of the policy gradient's norm.
+
+    ``g_I`` and ``g_P`` are the gradients of the step's policy loss restricted to the interpreter
+    tokens and to the policy's own tokens (each with the full batch's normaliser, so that
+    ``g_I + g_P`` is the step's gradient). 0 when the mask is on: they get no loss.
+    """
+    tool = batch.extras.get("tool_tokens")
+    if tool is None or not bool(tool.any()):
+        return 0.0
+    c, model = trainer.config, trainer.model
+    params = [p for p in model.parameters() if p.requires_grad]
+    logprobs = sequence_logprobs(
+        model, batch.input_ids, batch.attention_mask, temperature=c.temperature
+    )
+    # token-mean over the whole mask, so g_I + g_P is the gradient of the full loss
+    weight = batch.loss_mask.sum().clamp(min=1)
+    norms = []
+    for part in (tool, batch.loss_mask.bool() & ~tool):
+        mask = part.long()
+        loss, _ = policy_loss(
+            logprobs, batch.old_logprobs, advantages, mask, epsilon=c.epsilon, agg="token-mean"
+        )
+        loss = loss * mask.sum().clamp(min=1) / weight
+        grads = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+        norms.append(torch.sqrt(sum((g.float() ** 2).sum() for g in grads if g is not None)))
+    g_tool, g_policy = (float(n) for n in norms)
+    return g_tool / max(g_tool + g_policy, 1e-12)
+
+
+def resample_on_correct(
+    scores: torch.Tensor,
+    group_id: torch.Tensor,
+    tool_calls: torch.Tensor,
+    tool_errors: torch.Tensor,
+    keep: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """GRPO-RoC (rStar2-Agent): the rows to keep, ``keep`` per group, from an oversampled batch.
+
+    Per group: negatives (score <= 0) are kept at random, about half of them
+    (``round(keep * n_neg / n)``), to keep failures diverse; positives fill the rest, those with
+    the lowest tool-error rate ``errors / calls`` first (0.5 when there were no calls, which nudges
+    toward using the tool), ties in generation order. The paper samples positives with
+    probability inversely proportional to that penalty; the released code sorts, as here.
+    """
+    rows = []
+    for g in torch.unique(group_id):
+        idx = (group_id == g).nonzero().flatten()
+        pos = idx[scores[idx] > 0]
+        neg = idx[scores[idx] <= 0]
+        n_neg = min(len(neg), max(keep - len(pos), round(keep * len(neg) / len(idx))))
+        perm = torch.randperm(len(neg), generator=generator)[:n_neg]
+        calls = tool_calls[pos].float()
+        p_err = torch.where(calls > 0, tool_errors[pos].float() / calls.clamp(min=1), 0.5)
+        order = torch.argsort(p_err, stable=True)[: keep - n_neg]
+        rows += [*neg[perm.sort().values].tolist(), *pos[order].tolist()]
+    return torch.tensor(sorted(rows), dtype=torch.long)
+
+
+class ReToolTrainer(AgentTrainer):
+    """Cold-start SFT on synthetic tool traces, then GRPO (or PPO+GAE) with a code interpreter."""
+
+    config: ReToolConfig
+
+    headline = ("accuracy", "sampled_accuracy")
+    headline_definition = (
+        "accuracy: fraction of held-out problems answered exactly, sampling at the training "
+        "temperature with the tool on (= sampled_accuracy); hallucination_rate: fraction of "
+        "episodes in which the policy writes the interpreter's output itself when the tool is off"
+    )
+
+    def __init__(self, config: ReToolConfig, *, model=None, tokenizer=None):
+        self._pool = None
+        self._grad_share = float("nan")
+        super().__init__(config, model=model, tokenizer=tokenizer)
+
+    # ------------------------------------------------------------------ construction
+    @property
+    def pool(self) -> sandbox.Pool:
+        """The sandbox pool, started on first use (worker processes are not checkpointed)."""
+        if self._pool is None:
+            c = self.config
+            self._pool = sandbox.Pool(
+                workers=c.tool_workers, timeout_s=c.tool_timeout_s, memory_mb=c.tool_memory_mb
+            )
+        return self._pool
+
+    def close(self) -> None:
+        """Stop the sandbox's worker processes (also done at exit)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def _make_task(self, *, tool_enabled: bool = True, pool: sandbox.Pool | None = None):
+        c = self.config
+        return make_env(
+            c.env,
+            digits=(c.digits_a, c.digits_b),
+            max_tool_calls=c.max_turns - 1,
+            tool_enabled=tool_enabled,
+            tool_error_rate=c.tool_error_rate,
+            max_output_tokens=c.max_output_tokens,
+            timeout_s=c.tool_timeout_s,
+            memory_mb=c.tool_memory_mb,
+            pool=pool,
+        )
+
+    @property
+    def max_generated_tokens(self) -> float:
+        c = self.config
+        return float(
+            c.max_turns * c.max_action_tokens + (c.max_turns - 1) * (c.max_output_tokens + 3)
+        )
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        return super().extra_metrics + (
+            "code_ratio",
+            "tool_calls",
+            "tool_errors",
+            "error_rate_in_positives",
+            "grad_share",
+        )
+
+    # ------------------------------------------------------------------ cold start
+    def sft_batch(self) -> Batch:
+        """Synthetic traces (half with the tool by default); interpreter output not trainable."""
+        c, env = self.config, self.task
+        eos = self.tokenizer.eos_token
+        rows = []
+        for _ in range(c.sft_batch_size):
+            seed = self.problem_rng.randrange(10**6)
+            segments = env.demonstration(
+                seed,
+                self.problem_rng,
+                tool_fraction=c.sft_tool_fraction,
+                error_rate=c.demo_error_rate,
+                retry_rate=c.demo_retry_rate,
+            )
+            text, trainable = segments[-1]
+            rows.append(segments[:-1] + [(f"{text} {eos}", trainable)])
+        return build_segments_batch(self.tokenizer, rows, self.device)
+
+    # ------------------------------------------------------------------ rollout
+    def play(
+        self,
+        seeds: list[int],
+        *,
+        group_size: int = 1,
+        greedy: bool = False,
+        ref_model=None,
+        tool_enabled: bool = True,
+    ) -> Batch:
+        """``group_size`` episodes per problem seed, the interpreter in the loop.
+
+        ``extras`` gets, per row: ``tool_calls``, ``tool_errors``, ``answered`` and
+        ``hallucinated`` (the policy wrote interpreter output itself).
+        """
+        from .multiturn import rollout_multiturn
+
+        c = self.config
+        pool = self.pool
+        n = len(seeds) * group_size
+        envs = [self._make_task(tool_enabled=tool_enabled, pool=pool) for _ in range(n)]
+        batch = rollout_multiturn(
+            self.model,
+            self.tokenizer,
+            envs,
+            [s for s in seeds for _ in range(group_size)],
+            max_action_tokens=c.max_action_tokens,
+            stop_word="</code>",
+            keep_stop_word=True,
+            temperature=c.temperature,
+            greedy=greedy,
+            group_ids=torch.arange(len(seeds)).repeat_interleave(group_size),
+            ref_model=ref_model,
+        )
+
+        def per_row(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=batch.input_ids.device)
+
+        batch.extras.update(
+            tool_calls=per_row([e.calls for e in envs], torch.long),
+            tool_errors=per_row([e.tool_errors for e in envs], torch.long),
+            answered=per_row([e.answered for e in envs], torch.bool),
+            hallucinated=per_row([e.hallucinated for e in envs], torch.bool),
+        )
+        return batch
+
+    def rollout(self) -> Batch:
+        c = self.config
+        seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        factor = 2 if c.resample_on_correct else 1
+        batch = self.play(seeds, group_size=factor * c.num_generations, ref_model=self.ref_model)
+        # the policy's own behaviour, measured before any down-sampling
+        batch.extras["policy_error_rate"] = _error_rate_in_positives(batch)
+        if c.resample_on_correct:
+            x = batch.extras
+            keep = resample_on_correct(
+                batch.scores, batch.group_id, x["tool_calls"], x["tool_errors"], c.num_generations
+            )
+            batch = batch.select(keep.to(batch.input_ids.device))
+        if not c.mask_interpreter:
+            unmask_interpreter(batch, self.model, temperature=c.temperature)
+        return self._attach_values(batch)
+
+    def compute_advantages(self, batch: Batch) -> torch.Tensor:
+        advantages = super().compute_advantages(batch)
+        c = self.config
+        due = c.grad_share_every and (self.step % c.grad_share_every == 0)
+        if due:
+            self._grad_share = gradient_share(self, batch, advantages)
+        self._rollout_facts = dict(
+            code_ratio=(batch.extras["tool_calls"] > 0).float().mean().item(),
+            tool_calls=batch.extras["tool_calls"].float().mean().item(),
+            tool_errors=batch.extras["tool_errors"].float().mean().item(),
+            grad_share=self._grad_share if due else float("nan"),
+            error_rate_in_positives=batch.extras["policy_error_rate"],
+        )
+        return advantages
+
+    def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
+        loss, metrics = super().compute_loss(batch, advantages)
+        metrics.update(self._rollout_facts)
+        return loss, metrics
+
+    # ------------------------------------------------------------------ evaluation
+    def evaluate(self) -> dict:
+        return evaluate_retool(
+            self, self.eval_problems, samples=self.config.eval_samples, seed=self.config.seed + 1234
+        )
+
+
+def _error_rate_in_positives(batch: Batch) -> float:
+    """Tool errors per tool call, over the episodes that got a positive reward."""
+    pos = batch.scores > 0
+    calls = batch.extras["tool_calls"][pos].sum()
+    return float(batch.extras["tool_errors"][pos].sum() / calls) if calls > 0 else float("nan")
+
+
+@torch.no_grad()
+def evaluate_retool(trainer: ReToolTrainer, seeds: list[int], *, samples: int = 4, seed=1234):
+    """Held-out problems, tool on and tool off.
+
+    Tool on, greedy and sampled: ``accuracy``, ``code_ratio`` (episodes that call the tool),
+    ``tool_calls`` per episode, ``error_rate_in_positives`` (tool errors per call in the correct
+    episodes; None when no correct episode called the tool). Tool off, sampled:
+    ``tool_off_accuracy`` and ``hallucination_rate``, the fraction of episodes in which the policy
+    writes the interpreter's output itself (see :class:`~agentic_rl.envs.MultiplyEnv`). And
+    ``interpreter_logprob``: the policy's mean log-probability of the interpreter's tokens in the
+    sampled episodes (how well it has learned to *predict* the tool).
+    """
+    out, c = {}, trainer.config
+    with _fixed_rng(seed, trainer.device):
+        runs = (("greedy", True, 1, True), ("sampled", False, samples, True))
+        for name, greedy, g, tool in runs + (("tool_off", False, samples, False),):
+            b = trainer.play(seeds, group_size=g, greedy=greedy, tool_enabled=tool)
+            x = b.extras
+            out[f"{name}_accuracy"] = b.correct.float().mean().item()
+            out[f"{name}_format_rate"] = b.format_ok.float().mean().item()
+            out[f"{name}_code_ratio"] = (x["tool_calls"] > 0).float().mean().item()
+            out[f"{name}_tool_calls"] = x["tool_calls"].float().mean().item()
+            out[f"{name}_hallucination_rate"] = x["hallucinated"].float().mean().item()
+            if tool:
+                rate = _error_rate_in_positives(b)
+                # None (not NaN: it must compare equal to itself after a resume) when undefined
+                out[f"{name}_error_rate_in_positives"] = rate if rate == rate else None
+            if name == "sampled":
+                # how well the policy predicts what the interpreter wrote (a mask never teaches it)
+                tool_tokens = interpreter_tokens(b)
+                logp = sequence_logprobs(
+                    trainer.model, b.input_ids, b.attention_mask, temperature=c.temperature
+                )
+                n = int(tool_tokens.sum())
+                out["interpreter_logprob"] = float(logp[tool_tokens].sum()) / n if n else None
+    out["hallucination_rate"] = out["tool_off_hallucination_rate"]
+    return out
+
+
+def run_retool(config: ReToolConfig) -> dict:
+    """The ReTool recipe headless (``python -m agentic_rl retool``)."""
+    trainer = ReToolTrainer(config)
+    try:
+        return run_recipe(trainer)
+    finally:
+        trainer.close()

@@ -1,0 +1,342 @@
+"""ReTool: the interpreter environment, the interleaved rollout, the feedback mask, GRPO-RoC."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from agentic_rl import sandbox
+from agentic_rl.config import ReToolConfig
+from agentic_rl.envs import MultiplyEnv, make_env
+from agentic_rl.envs.multiply import render_output, to_source
+from agentic_rl.multiturn import rollout_multiturn
+from agentic_rl.retool import (
+    ReToolTrainer,
+    gradient_share,
+    interpreter_tokens,
+    resample_on_correct,
+    unmask_interpreter,
+)
+from agentic_rl.rollout import build_segments_batch, sequence_logprobs
+
+TINY = dict(
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=64,
+    sft_steps=0,
+    prompts_per_step=4,
+    num_generations=2,
+    eval_size=4,
+    eval_samples=1,
+    max_steps=2,
+    disable_tqdm=True,
+    device="cpu",
+)
+
+
+def _result(**kw):
+    base = dict(stdout="", stderr="", exit_code=0, timed_out=False, truncated=False, wall_s=0.0)
+    base["error"] = None
+    base.update(kw)
+    return sandbox.Result(**base)
+
+
+# --------------------------------------------------------------------------- the environment
+
+
+def test_code_words_become_a_printed_program():
+    assert to_source("3 4 7 * 2 9") == "print(347*29)"
+    assert to_source("3 4 * * 2") == "print(34**2)"
+    assert to_source("1 2 *") == "12*"  # does not parse: left for the interpreter to report
+    assert to_source("") == ""
+
+
+def test_interpreter_output_is_rendered_cut_and_named():
+    assert render_output(_result(stdout="10063\n"), 8) == "<interpreter> 1 0 0 6 3 </interpreter>"
+    long = render_output(_result(stdout="1234567890123\n"), 4)
+    assert long == "<interpreter> 1 2 3 4 ... </interpreter>"
+    bad = _result(exit_code=1, error="SyntaxError: invalid syntax")
+    assert render_output(bad, 8) == "<interpreter> SyntaxError </interpreter>"
+    odd = _result(exit_code=1, error="RecursionError: too deep")
+    assert render_output(odd, 8) == "<interpreter> Error </interpreter>"
+    slow = _result(exit_code=None, timed_out=True, error="TimeoutError")
+    assert render_output(slow, 8) == "<interpreter> TimeoutError </interpreter>"
+
+
+def test_an_episode_with_the_real_sandbox():
+    env = MultiplyEnv()
+    prompt = env.reset(3)
+    a, b = env.a, env.b
+    assert prompt == f"{' '.join(str(a))} * {' '.join(str(b))} ="
+    code = f"<code> {' '.join(str(a))} * {' '.join(str(b))} </code>"
+    obs, reward, done, info = env.step(code)
+    assert obs == f"<interpreter> {' '.join(str(a * b))} </interpreter>"
+    assert (reward, done, env.calls, env.tool_errors) == (0.0, False, 1, 0)
+    obs, reward, done, info = env.step(f"<answer> {' '.join(str(a * b))} </answer>")
+    assert (obs, reward, done) == ("", 1.0, True) and info["success"] and env.answered
+
+
+@pytest.mark.parametrize(
+    "text,reward,format_ok",
+    [
+        ("<answer> 1 2 </answer>", -1.0, True),  # wrong
+        ("<answer> </answer>", -1.0, False),  # empty
+        ("<answer> 1 * 2 </answer>", -1.0, False),  # not digits
+        ("<answer> 1 2", -1.0, False),  # unclosed
+        ("", -1.0, False),
+        ("<code> 1 2", -1.0, False),  # code cut before </code>
+        ("</code>", -1.0, False),
+        (None, -1.0, False),
+        ("<interpreter> " * 500, -1.0, False),
+    ],
+)
+def test_bad_segments_end_the_episode_without_raising(text, reward, format_ok):
+    env = MultiplyEnv()
+    env.reset(0)
+    obs, r, done, info = env.step(text)
+    assert (obs, r, done, info["format_ok"]) == ("", reward, True, format_ok)
+    with pytest.raises(RuntimeError, match="finished episode"):
+        env.step("<answer> 1 </answer>")
+
+
+def test_tool_errors_budget_and_switching_the_tool_off():
+    env = MultiplyEnv(max_tool_calls=2)
+    env.reset(0)
+    obs, r, done, _ = env.step("<code> 1 2 * </code>")
+    assert obs == "<interpreter> SyntaxError </interpreter>" and not done and env.tool_errors == 1
+    obs, r, done, _ = env.step("<code> 9 * * 9 9 9 </code>")  # 9**999: cut at 8 tokens
+    assert obs.endswith("... </interpreter>") and len(obs.split()) == 2 + 8 + 1
+    obs, r, done, _ = env.step("<code> 1 * 2 </code>")  # a third call: over the budget
+    assert (obs, r, done) == ("", -1.0, True) and env.calls == 2
+
+    off = MultiplyEnv(tool_enabled=False)
+    off.reset(0)
+    obs, r, done, _ = off.step("<code> 1 * 2 </code>")
+    assert (obs, r, done) == ("", 0.0, False)
+    off.step("<interpreter> 2 </interpreter> <answer> 2 </answer>")
+    assert off.hallucinated and off.answered
+
+    flaky = MultiplyEnv(tool_error_rate=1.0)
+    flaky.reset(0)
+    assert flaky.step("<code> 1 * 2 </code>")[0] == "<interpreter> Error </interpreter>"
+
+
+def test_a_hung_snippet_is_a_tool_error_within_its_deadline():
+    env = MultiplyEnv(timeout_s=0.5)
+    env.reset(0)
+    obs, _, done, _ = env.step("<code> 9 9 * * 9 9 * * 9 9 </code>")  # runs for ever
+    assert obs == "<interpreter> TimeoutError </interpreter>" and not done
+
+
+def test_demonstrations_mask_the_interpreter_and_are_consistent():
+    env, rng = MultiplyEnv(), random.Random(0)
+    kinds = set()
+    for seed in range(40):
+        segs = env.demonstration(seed, rng, tool_fraction=0.5, error_rate=0.5)
+        assert segs[0] == (env.prompt, False)
+        if len(segs) == 4:
+            kinds.add("tool")
+            assert [t for _, t in segs] == [False, True, False, True]
+            a, b = segs[1][0].split(" * ")
+            product = int("".join(a.split()[1:])) * int("".join(b.split()[:-1]))
+            assert segs[2][0] == f"<interpreter> {' '.join(str(product))} </interpreter>"
+            assert segs[3][0] == f"<answer> {' '.join(str(product))} </answer>"
+        else:
+            kinds.add("direct")
+            assert segs[1] == (f"<answer> {env.answer} </answer>", True)
+    assert kinds == {"tool", "direct"}
+
+
+# --------------------------------------------------------------------------- rollout and mask
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """A tiny policy after a short cold start: it writes code and answers."""
+    torch.manual_seed(0)
+    config = ReToolConfig(**{**TINY, "sft_steps": 150, "hidden_size": 64, "intermediate_size": 128})
+    trainer = ReToolTrainer(config)
+    trainer.sft()
+    yield trainer
+    trainer.close()
+
+
+def test_interleaved_rollout_runs_code_and_masks_its_output(trained):
+    batch = trained.play(list(range(8)), group_size=2)
+    tool = interpreter_tokens(batch)
+    assert int(batch.extras["tool_calls"].sum()) > 0 and bool(tool.any())
+    tok = trained.tokenizer
+    for row in range(len(batch)):
+        ids = batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
+        text = tok.decode(ids, skip_special_tokens=False).split()
+        masks = batch.loss_mask[row][batch.attention_mask[row].bool()].tolist()
+        # every <interpreter> ... </interpreter> block is the environment's: loss 0
+        words = tok.convert_ids_to_tokens(ids)
+        inside = False
+        for w, m in zip(words, masks):
+            if w == "<interpreter>" and m == 0:
+                inside = True
+            if inside:
+                assert m == 0, (row, text)
+            if w == "</interpreter>":
+                inside = False
+    # what interpreter_tokens marks is exactly the non-sampled text after the prompt
+    assert not bool((tool & batch.loss_mask.bool()).any())
+
+
+def test_recorded_logprobs_equal_re_encoding_the_whole_row(trained):
+    """The KV cache kept across tool pauses gives the log-probs of re-encoding every row."""
+    batch = trained.play(list(range(8)), group_size=2)
+    again = sequence_logprobs(trained.model, batch.input_ids, batch.attention_mask)
+    mask = batch.loss_mask.bool()
+    torch.testing.assert_close(batch.old_logprobs[mask], again[mask], atol=1e-5, rtol=1e-5)
+
+
+def test_cache_reuse_and_re_encoding_sample_the_same_tokens(trained):
+    outs = []
+    for reuse in (True, False):
+        envs = [trained._make_task(pool=trained.pool) for _ in range(8)]
+        torch.manual_seed(7)
+        b = rollout_multiturn(
+            trained.model,
+            trained.tokenizer,
+            envs,
+            list(range(8)),
+            max_action_tokens=10,
+            stop_word="</code>",
+            keep_stop_word=True,
+            reuse_cache=reuse,
+        )
+        outs.append(b)
+    assert torch.equal(outs[0].input_ids, outs[1].input_ids)
+    assert sum(e for e in outs[0].extras["num_turns"].tolist()) > 8  # some tool calls happened
+
+
+def _logit_grads(trainer, batch):
+    """The gradient of the RL loss with respect to each position's logits."""
+    captured = {}
+
+    def keep(module, inputs, output):
+        output.retain_grad()
+        captured["logits"] = output
+
+    advantages = trainer.compute_advantages(batch)
+    head = trainer.model.get_output_embeddings()
+    handle = head.register_forward_hook(keep)
+    try:
+        trainer.model.zero_grad()
+        loss, _ = trainer.compute_loss(batch, advantages)
+        loss.backward()
+    finally:
+        handle.remove()
+    # logits at column t-1 predict token t
+    g = captured["logits"].grad.abs().sum(-1)
+    return torch.nn.functional.pad(g[:, :-1], (1, 0))
+
+
+def _mixed_batch(trainer):
+    """Teacher-forced tool traces (half of them miscopy a digit: wrong), two groups of four."""
+    env, rng, eos = trainer.task, random.Random(0), trainer.tokenizer.eos_token
+    rows, rewards = [], []
+    for seed in range(8):
+        segs = env.demonstration(seed, rng, tool_fraction=1.0, error_rate=0.5)
+        rewards.append(1.0 if segs[-1][0] == f"<answer> {env.answer} </answer>" else -1.0)
+        rows.append(segs[:-1] + [(f"{segs[-1][0]} {eos}", True)])
+    batch = build_segments_batch(trainer.tokenizer, rows)
+    last = batch.attention_mask.sum(1) - 1
+    batch.token_rewards[torch.arange(8), last] = torch.tensor(rewards)
+    batch.group_id = torch.arange(8) // 4
+    assert all(len(set(rewards[g * 4 : g * 4 + 4])) == 2 for g in (0, 1)), rewards
+    with torch.no_grad():
+        batch.old_logprobs = sequence_logprobs(trainer.model, batch.input_ids, batch.attention_mask)
+    batch.extras = dict(
+        tool_calls=torch.ones(8, dtype=torch.long),
+        tool_errors=torch.zeros(8, dtype=torch.long),
+        num_turns=torch.full((8,), 2),
+        success=torch.tensor(rewards) > 0,
+        policy_error_rate=0.0,
+    )
+    return batch
+
+
+def test_no_interpreter_token_receives_gradient_when_masked(trained):
+    batch = _mixed_batch(trained)
+    tool = interpreter_tokens(batch)
+    grads = _logit_grads(trained, batch)
+    assert float(grads[tool].abs().max()) == 0.0
+    assert float(grads[batch.loss_mask.bool()].abs().sum()) > 0  # the policy's tokens do
+    assert gradient_share(trained, batch, trained.compute_advantages(batch)) == 0.0
+
+
+def test_unmasked_interpreter_tokens_do_receive_gradient(trained):
+    batch = _mixed_batch(trained)
+    tool = unmask_interpreter(batch, trained.model)
+    assert bool(batch.loss_mask.bool()[tool].all())
+    # their "old" log-probs are the current policy's: the ratio starts at 1
+    now = sequence_logprobs(trained.model, batch.input_ids, batch.attention_mask)
+    torch.testing.assert_close(batch.old_logprobs[tool], now[tool], atol=1e-5, rtol=1e-5)
+    grads = _logit_grads(trained, batch)
+    advantaged = tool & (trained.compute_advantages(batch) != 0)
+    assert bool(advantaged.any()) and float(grads[advantaged].min()) > 0
+    share = gradient_share(trained, batch, trained.compute_advantages(batch))
+    assert 0.0 < share < 1.0
+
+
+# --------------------------------------------------------------------------- GRPO-RoC
+
+
+def test_resample_on_correct_keeps_clean_positives_and_some_negatives():
+    # one group of 8 (keep 4): 4 positives with error rates 1/2, 0, no calls (0.5), 1/1
+    scores = torch.tensor([1.0, -1, 1, -1, 1, -1, 1, -1])
+    calls = torch.tensor([2, 1, 1, 1, 0, 1, 1, 1])
+    errors = torch.tensor([1, 0, 0, 1, 0, 0, 1, 0])
+    gid = torch.zeros(8, dtype=torch.long)
+    keep = resample_on_correct(scores, gid, calls, errors, 4, torch.Generator().manual_seed(0))
+    assert len(keep) == 4 and len(set(keep.tolist())) == 4
+    kept_pos = [i for i in keep.tolist() if scores[i] > 0]
+    assert len(kept_pos) == 2 and 2 in kept_pos and 0 in kept_pos  # error rate 0, then 0.5 (first)
+    # all negative or all positive groups still keep `keep` rows
+    for s in (-torch.ones(8), torch.ones(8)):
+        assert len(resample_on_correct(s, gid, calls, errors, 4)) == 4
+    two = torch.cat([gid, gid + 1])
+    assert (
+        len(
+            resample_on_correct(
+                torch.cat([scores, -scores]), two, calls.repeat(2), errors.repeat(2), 4
+            )
+        )
+        == 8
+    )
+
+
+# --------------------------------------------------------------------------- the recipe
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_recipe_steps_with_both_estimators_and_both_arms(estimator):
+    for mask in (True, False):
+        extra = dict(num_generations=1) if estimator == "gae" else {}
+        config = ReToolConfig(
+            **{**TINY, **extra},
+            advantage_estimator=estimator,
+            mask_interpreter=mask,
+            grad_share_every=1,
+            resample_on_correct=estimator == "grpo",
+        )
+        trainer = ReToolTrainer(config)
+        try:
+            summary = trainer.train()
+        finally:
+            trainer.close()
+        assert summary["rl_steps"] == 2 and len(trainer.history) == 2
+        for key in ("accuracy_before", "accuracy_after", "hallucination_rate_after"):
+            assert 0.0 <= summary[key] <= 1.0
+        assert {"code_ratio", "tool_calls", "grad_share"} <= set(trainer.history[0])
+
+
+def test_env_is_registered():
+    assert isinstance(make_env("multiply"), MultiplyEnv)
