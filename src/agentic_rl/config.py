@@ -665,7 +665,7 @@ class PPOConfig(RLConfig):
 
 @dataclass
 class ReToolConfig(PPOConfig):
-    """ReTool: code execution inside the rollout, the interpreter's output masked out of the loss."""
+    """ReTool: code runs inside the rollout; the interpreter's output is masked out of the loss."""
 
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},

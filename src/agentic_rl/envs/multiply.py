@@ -5,11 +5,11 @@ token, most significant first::
 
     3 4 7 * 2 9 =
 
-A 100k-parameter model cannot multiply these in its head; it can copy digits. So it can solve the
+A 126k-parameter model cannot multiply these in its head; it can copy digits. So it can solve the
 task by *writing code*, and the environment is the interpreter of ReTool (Feng et al., 2025): the
-policy writes text; when it closes a code block with ``</code>`` the rollout pauses, the snippet runs
-in the sandbox (:mod:`agentic_rl.sandbox`, in another process), and its output comes back as one
-observation that the rollout appends to the context before generation continues::
+policy writes text; when it closes a code block with ``</code>`` the rollout pauses, the snippet
+runs in the sandbox (:mod:`agentic_rl.sandbox`, in another process), and its output comes back as
+one observation that the rollout appends to the context before generation continues::
 
     3 4 7 * 2 9 =  <code> 3 4 7 * 2 9 </code>  <interpreter> 1 0 0 6 3 </interpreter>
     '-- prompt --'  '------- policy -------'   '-------- interpreter: loss 0 -------'
@@ -21,7 +21,7 @@ is ``3 4 7 * 2 9``; the tool joins the words (``347*29``) and, as the verl ReToo
 wraps a final expression in ``print(...)``. Whatever the policy writes inside the block is run:
 ``3 4 7 * * 2 9`` is ``347**29`` (a 74-digit number: the output is cut to ``max_output_tokens``
 tokens and ends with ``...``), ``9 9 * * 9 9 * * 9 9`` would run until the sandbox's deadline
-(``TimeoutError``), ``* 2`` is a ``SyntaxError``. A failed snippet is a *tool error*: its error
+(``TimeoutError``), ``1 2 *`` is a ``SyntaxError``. A failed snippet is a *tool error*: its error
 name is the observation, the episode goes on, and the policy may try again.
 
 **One episode** (``max_turns = max_tool_calls + 1`` policy segments). Each ``step`` gets one segment
@@ -31,8 +31,8 @@ of policy text, ended by the stop word ``</code>`` (kept: the rollout runs with
 * a segment that ends with ``</code>``: a tool call. The words after the last ``<code>`` run in the
   sandbox; the observation is ``<interpreter> ... </interpreter>``. A call beyond
   ``max_tool_calls`` is not run: the episode ends with reward ``-1`` (the tool budget).
-* otherwise, a segment holding ``<answer> d ... d </answer>``: the final answer. Reward ``+1`` if its
-  digits are the product, else ``-1`` (ReTool's outcome reward; no reward for running code).
+* otherwise, a segment holding ``<answer> d ... d </answer>``: the final answer. Reward ``+1`` if
+  its digits are the product, else ``-1`` (ReTool's outcome reward; no reward for running code).
 * anything else (no answer, unclosed tags, non-digits in the answer): a format failure, reward
   ``-1``, the episode ends.
 
