@@ -26,6 +26,10 @@ LABELS = {
     "value_loss": "value loss",
     "explained_variance": "explained variance of the returns",
     "num_turns": "turns per episode",
+    "code_ratio": "episodes that call the tool",
+    "tool_calls": "tool calls per episode",
+    "error_rate_in_positives": "tool errors per call (correct episodes)",
+    "grad_share": "interpreter share of the gradient norm",
 }
 
 
