@@ -38,9 +38,8 @@ from agentic_rl.config import (
 )
 from agentic_rl.train import GRPOTrainer
 
-TINY = [
-    "--digits",
-    "1",
+#: The tiny model every CLI test trains (seconds on a CPU).
+TINY_MODEL = [
     "--hidden-size",
     "32",
     "--num-hidden-layers",
@@ -51,6 +50,11 @@ TINY = [
     "1",
     "--intermediate-size",
     "64",
+]
+TINY = [
+    "--digits",
+    "1",
+    *TINY_MODEL,
     "--sft-steps",
     "0",
     "--sft-batch-size",
@@ -73,16 +77,7 @@ TINY = [
     "true",
 ]
 TINY_RETOOL = [
-    "--hidden-size",
-    "32",
-    "--num-hidden-layers",
-    "1",
-    "--num-attention-heads",
-    "2",
-    "--num-key-value-heads",
-    "1",
-    "--intermediate-size",
-    "64",
+    *TINY_MODEL,
     "--sft-steps",
     "4",
     "--sft-batch-size",
@@ -107,16 +102,7 @@ TINY_RETOOL = [
     "true",
 ]
 TINY_PPO = [
-    "--hidden-size",
-    "32",
-    "--num-hidden-layers",
-    "1",
-    "--num-attention-heads",
-    "2",
-    "--num-key-value-heads",
-    "1",
-    "--intermediate-size",
-    "64",
+    *TINY_MODEL,
     "--map-size",
     "3",
     "--sft-steps",
