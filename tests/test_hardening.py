@@ -76,8 +76,8 @@ TINY = [
     "--disable-tqdm",
     "true",
 ]
-TINY_RETOOL = [
-    *TINY_MODEL,
+#: A short multi-turn run (SFT, RL with a checkpoint at every step, a small evaluation).
+TINY_AGENT_RUN = [
     "--sft-steps",
     "4",
     "--sft-batch-size",
@@ -86,44 +86,26 @@ TINY_RETOOL = [
     "4",
     "--save-steps",
     "1",
+    "--eval-size",
+    "4",
+    "--eval-samples",
+    "1",
+    "--device",
+    "cpu",
+    "--disable-tqdm",
+    "true",
+]
+TINY_RETOOL = [
+    *TINY_MODEL,
+    *TINY_AGENT_RUN,
     "--prompts-per-step",
     "2",
     "--num-generations",
     "2",
-    "--eval-size",
-    "4",
-    "--eval-samples",
-    "1",
     "--grad-share-every",
     "2",
-    "--device",
-    "cpu",
-    "--disable-tqdm",
-    "true",
 ]
-TINY_PPO = [
-    *TINY_MODEL,
-    "--map-size",
-    "3",
-    "--sft-steps",
-    "4",
-    "--sft-batch-size",
-    "4",
-    "--max-steps",
-    "4",
-    "--save-steps",
-    "1",
-    "--prompts-per-step",
-    "4",
-    "--eval-size",
-    "4",
-    "--eval-samples",
-    "1",
-    "--device",
-    "cpu",
-    "--disable-tqdm",
-    "true",
-]
+TINY_PPO = [*TINY_MODEL, *TINY_AGENT_RUN, "--map-size", "3", "--prompts-per-step", "4"]
 
 
 def _cli(capsys, *argv) -> tuple[int, str, str]:

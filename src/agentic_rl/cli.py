@@ -78,8 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             summary = run_recipe(trainer)
         finally:
-            if hasattr(trainer, "close"):
-                trainer.close()  # e.g. the sandbox's worker processes
+            trainer.close()
     except RunError as err:
         return _error(err)
     out = config.output_dir

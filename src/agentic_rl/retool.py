@@ -70,8 +70,9 @@ def gradient_share(trainer: "ReToolTrainer", batch: Batch, advantages: torch.Ten
     """``|g_I| / (|g_I| + |g_P|)``: the interpreter tokens' share of the policy gradient's norm.
 
     ``g_I`` and ``g_P`` are the gradients of the step's policy loss restricted to the interpreter
-    tokens and to the policy's own tokens (each with the full batch's normaliser, so that
-    ``g_I + g_P`` is the step's gradient). 0 when the mask is on: they get no loss.
+    tokens and to the policy's own tokens (token-mean aggregation, each with the full batch's
+    normaliser, so that ``g_I + g_P`` is the gradient of the step's loss). 0 when the mask is on:
+    they get no loss.
     """
     tool = batch.extras.get("tool_tokens")
     if tool is None or not bool(tool.any()):
@@ -140,7 +141,6 @@ class ReToolTrainer(AgentTrainer):
 
     def __init__(self, config: ReToolConfig, *, model=None, tokenizer=None):
         self._pool = None
-        self._grad_share = float("nan")
         super().__init__(config, model=model, tokenizer=tokenizer)
 
     # ------------------------------------------------------------------ construction
@@ -155,7 +155,8 @@ class ReToolTrainer(AgentTrainer):
         return self._pool
 
     def close(self) -> None:
-        """Stop the sandbox's worker processes (also done at exit)."""
+        """Stop the sandbox's worker processes (also done at exit; a later rollout restarts
+        them)."""
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -277,13 +278,12 @@ class ReToolTrainer(AgentTrainer):
         advantages = super().compute_advantages(batch)
         c = self.config
         due = c.grad_share_every and (self.step % c.grad_share_every == 0)
-        if due:
-            self._grad_share = gradient_share(self, batch, advantages)
+        # whole-batch facts for the history row (compute_loss may see only a minibatch)
         self._rollout_facts = dict(
             code_ratio=(batch.extras["tool_calls"] > 0).float().mean().item(),
             tool_calls=batch.extras["tool_calls"].float().mean().item(),
             tool_errors=batch.extras["tool_errors"].float().mean().item(),
-            grad_share=self._grad_share if due else float("nan"),
+            grad_share=gradient_share(self, batch, advantages) if due else float("nan"),
             error_rate_in_positives=batch.extras["policy_error_rate"],
         )
         return advantages

@@ -282,6 +282,10 @@ class GRPOTrainer:
     def _load_extra_state(self, state: dict) -> None:
         pass
 
+    def close(self) -> None:
+        """Release what a subclass holds outside the process's memory (e.g. ReTool's sandbox
+        workers); nothing for GRPO. The CLI calls it when a run ends."""
+
     def _start_grpo(self):
         """Switch from SFT to GRPO: fresh optimizer; freeze a copy of the policy as pi_ref."""
         self.phase, self.step = "grpo", 0

@@ -180,7 +180,7 @@ class MultiplyEnv:
         self.turns = self.calls = self.tool_errors = 0
         self.hallucinated = self.answered = self.success = False
         self._done = False
-        return f"{_digits(self.a)} * {_digits(self.b)} ="
+        return self.prompt
 
     @property
     def prompt(self) -> str:
@@ -191,10 +191,6 @@ class MultiplyEnv:
         if not isinstance(text, str):
             return "malformed", None
         words = text.split()
-        if INTERP in words or (self.calls and words and words[0] in INTERPRETER_WORDS):
-            # the policy writes the interpreter's part itself (the tag, or output right after a
-            # call): remembered, then parsed as usual
-            self.hallucinated = True
         if ANSWER in words:
             start = words.index(ANSWER) + 1
             if END_ANSWER in words[start:]:
@@ -214,6 +210,11 @@ class MultiplyEnv:
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset(seed) first")
         self.turns += 1
+        words = text.split() if isinstance(text, str) else []
+        if INTERP in words or (self.calls and words and words[0] in INTERPRETER_WORDS):
+            # the policy writes the interpreter's part itself (the tag, or output right after a
+            # call): remembered, then parsed as usual
+            self.hallucinated = True
         return self._parse(text)
 
     def _after_tool(self, observation: str):
