@@ -34,6 +34,7 @@ from agentic_rl.config import (
     GRPOConfig,
     PPOConfig,
     ReToolConfig,
+    StarPOConfig,
     RunError,
 )
 from agentic_rl.train import GRPOTrainer
@@ -106,6 +107,18 @@ TINY_RETOOL = [
     "2",
 ]
 TINY_PPO = [*TINY_MODEL, *TINY_AGENT_RUN, "--map-size", "3", "--prompts-per-step", "4"]
+TINY_STARPO = [
+    *TINY_MODEL,
+    *TINY_AGENT_RUN,
+    "--env",
+    "frozenlake",
+    "--prompts-per-step",
+    "4",
+    "--num-generations",
+    "4",
+    "--mini-batch-size",
+    "4",
+]
 
 
 def _cli(capsys, *argv) -> tuple[int, str, str]:
@@ -222,6 +235,19 @@ CASES = [
         "resample_on_correct",
     ),
     (ReToolConfig, dict(env="sokoban"), "env"),
+    (StarPOConfig, dict(env="multiply"), "env"),
+    (StarPOConfig, dict(preset="starpo-s"), "preset"),
+    (StarPOConfig, dict(preset="starpo-x"), "preset"),
+    (StarPOConfig, dict(rollout_filter="top_q"), "rollout_filter"),
+    (StarPOConfig, dict(filter_value=0.0), "filter_value"),
+    (StarPOConfig, dict(filter_value=1.5), "filter_value"),
+    (StarPOConfig, dict(bandit_payoffs="casino"), "bandit_payoffs"),
+    (StarPOConfig, dict(format_penalty=-0.1), "format_penalty"),
+    (StarPOConfig, dict(mini_batch_size=0), "mini_batch_size"),
+    (StarPOConfig, dict(room_size=3), "room_size"),
+    (StarPOConfig, dict(env="frozenlake", max_actions_per_turn=3), "max_action_tokens"),
+    (StarPOConfig, dict(entropy_coeff=-0.001), "entropy_coeff"),
+    (StarPOConfig, dict(num_generations=1, rollout_filter="top_k"), "num_generations"),
 ]
 
 
@@ -239,7 +265,9 @@ def _bad_values(cls):
             yield cls, {f.name: -INF}, f.name
 
 
-ALL_CASES = CASES + [c for cls in (GRPOConfig, PPOConfig, ReToolConfig) for c in _bad_values(cls)]
+ALL_CASES = CASES + [
+    c for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig) for c in _bad_values(cls)
+]
 
 
 @pytest.mark.parametrize(
@@ -268,7 +296,7 @@ def test_assignment_after_construction_is_validated_and_undone(cls, overrides, f
 
 
 def test_valid_configs_and_profiles_still_pass():
-    for cls in (GRPOConfig, PPOConfig, ReToolConfig):
+    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig):
         for profile in cls.PROFILES:
             c = cls.from_profile(profile, seed=3)
             c.check_environment()  # the profiles are never refused (memory estimate included)
@@ -409,7 +437,12 @@ def test_cli_subprocess_bad_config_has_no_traceback(tmp_path):
 def test_top_level_help_lists_recipes_with_one_line_each(capsys):
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for name, cls in (("grpo", GRPOConfig), ("ppo", PPOConfig), ("retool", ReToolConfig)):
+    for name, cls in (
+        ("grpo", GRPOConfig),
+        ("ppo", PPOConfig),
+        ("retool", ReToolConfig),
+        ("starpo", StarPOConfig),
+    ):
         first = cls.__doc__.strip().splitlines()[0]
         assert any(ln.split() == [name, *first.split()] for ln in out.splitlines()), out
 
@@ -699,6 +732,7 @@ def _rows(path):
         ("grpo", [*TINY, "--max-steps", "6", "--save-steps", "1"]),
         ("ppo", TINY_PPO),
         ("retool", [*TINY_RETOOL, "--mask-interpreter", "false"]),
+        ("starpo", [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"]),
     ],
 )
 def test_kill_9_and_resume_is_identical(tmp_path, recipe, argv):

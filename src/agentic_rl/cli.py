@@ -22,10 +22,16 @@ from .config import (
     PPOConfig,
     ReToolConfig,
     RunError,
+    StarPOConfig,
     config_from_args,
 )
 
-RECIPES = {"grpo": GRPOConfig, "ppo": PPOConfig, "retool": ReToolConfig}
+RECIPES = {
+    "grpo": GRPOConfig,
+    "ppo": PPOConfig,
+    "retool": ReToolConfig,
+    "starpo": StarPOConfig,
+}
 USAGE = (
     "usage: python -m agentic_rl {%s} [--profile quick|full] [--seed N] [--output-dir DIR] "
     "[--key value ...]"
@@ -70,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             from .train import GRPOTrainer as Trainer
         elif recipe == "ppo":
             from .agent import AgentTrainer as Trainer
-        else:
+        elif recipe == "retool":
             from .retool import ReToolTrainer as Trainer
+        else:
+            from .starpo import StarPOTrainer as Trainer
         from .train import run_recipe
 
         trainer = Trainer(config)

@@ -27,6 +27,7 @@ __all__ = [
     "GRPOConfig",
     "PPOConfig",
     "ReToolConfig",
+    "StarPOConfig",
     "PROFILES",
     "RunError",
     "ConfigError",
@@ -156,6 +157,11 @@ class RLConfig:
         "the batch (PPO's minibatches; verl: train batch / ppo_mini_batch_size).",
     )
     max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
+    entropy_coeff: float = _f(
+        0.0,
+        "Entropy bonus: the loss subtracts entropy_coeff times the mean entropy of the generated "
+        "tokens (verl's entropy_coeff; RAGEN uses 0.001). 0: off, as TRL.",
+    )
     # --- evaluation
     eval_size: int = _f(
         256, "Held-out problems (or episode seeds) for the before/after evaluation."
@@ -310,6 +316,8 @@ class RLConfig:
             )
         if self.beta < 0:
             bad("beta", "must be >= 0")
+        if self.entropy_coeff < 0:
+            bad("entropy_coeff", "must be >= 0 (a bonus for entropy, not a penalty)")
         if not 0 <= self.epsilon < 1:
             bad("epsilon", "must be in [0, 1) (ratios are clipped below at 1 - epsilon)")
         if self.epsilon_high is not None and self.epsilon_high < self.epsilon:
@@ -534,6 +542,8 @@ class GRPOConfig(RLConfig):
 class PPOConfig(RLConfig):
     """PPO with a critic and GAE (or GRPO, for comparison) on a multi-turn text environment."""
 
+    #: The environments this recipe's trainer can build.
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("frozenlake",)
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},
         "full": dict(
@@ -630,6 +640,8 @@ class PPOConfig(RLConfig):
 
         if self.env not in ENVS:
             self._bad("env", f"unknown environment; known environments are {sorted(ENVS)}")
+        if self.env not in self.RECIPE_ENVS:
+            self._bad("env", f"this recipe runs {' or '.join(map(repr, self.RECIPE_ENVS))}")
         for name in ("gamma", "lam"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 self._bad(name, "must be in [0, 1]")
@@ -666,6 +678,8 @@ class PPOConfig(RLConfig):
 @dataclass
 class ReToolConfig(PPOConfig):
     """ReTool: code runs inside the rollout; the interpreter's output is masked out of the loss."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("multiply",)
 
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},
@@ -780,6 +794,158 @@ class ReToolConfig(PPOConfig):
     def min_sequence_tokens(self) -> int:
         # the prompt and one answer segment
         return self.digits_a + self.digits_b + 3 + self.max_action_tokens
+
+
+@dataclass
+class StarPOConfig(PPOConfig):
+    """RAGEN's StarPO and StarPO-S: whole multi-turn trajectories, and an uncertainty filter."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("bandit", "frozenlake", "sokoban")
+
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(
+            env="sokoban",
+            map_size=4,
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1024,
+            sft_steps=1500,
+            max_steps=200,
+            eval_size=256,
+        ),
+    }
+    #: StarPO-S and its three parts (RAGEN section 4.2); the dataclass defaults are vanilla StarPO.
+    #: ``from_profile(..., preset="starpo-s")`` fills the fields you do not set with these.
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "starpo": {},
+        "starpo-s": dict(rollout_filter="top_k", filter_value=0.25, beta=0.0, epsilon_high=0.28),
+    }
+
+    preset: str = _f(
+        "starpo",
+        "'starpo' (no filter, KL k1 at 0.001, symmetric clip) or 'starpo-s' (keep the top "
+        "quarter of groups by reward std, no KL, clip-higher 0.28). Fields you set override the "
+        "preset: that is how the ablation removes one part at a time.",
+    )
+    # --- defaults that differ from the PPO recipe: RAGEN's settings, scaled down
+    env: str = _f("bandit", "Environment: 'bandit', 'frozenlake' or 'sokoban'.")
+    advantage_estimator: str = _f(
+        "grpo",
+        "'grpo' (StarPO-GRPO, eqs. 5-6) or 'gae' (StarPO-PPO with a critic, RAGEN's default).",
+    )
+    num_generations: int = _f(16, "N: trajectories per initial state (RAGEN: 16).")
+    prompts_per_step: int = _f(8, "P: initial states (episode seeds) per RL step (RAGEN: 8).")
+    mini_batch_size: int = _f(
+        32,
+        "Trajectories per gradient step (RAGEN's ppo_mini_batch_size 32): a batch of P * N rows "
+        "takes ceil(rows / 32) steps, so a filter that keeps fewer rows takes fewer steps.",
+    )
+    beta: float = _f(0.001, "KL coefficient (vanilla StarPO: 0.001 with k1; StarPO-S: 0).")
+    kl_estimator: str = _f("k1", "KL estimator in the loss (StarPO: 'k1', logp - ref_logp).")
+    entropy_coeff: float = _f(0.001, "Entropy bonus (RAGEN: 0.001).")
+    learning_rate: float = _f(1e-4, "Policy learning rate (AdamW).")
+    sft_steps: int = _f(200, "SFT steps on demonstrations before RL (0: skip).")
+    max_steps: int = _f(60, "RL steps (one rollout batch each).")
+    demo_error_rate: float = _f(
+        0.5,
+        "Fraction of demonstration actions replaced by another action (a weak start leaves "
+        "room for RL).",
+    )
+    is_slippery: bool = _f(
+        True, "FrozenLake: slippery ice (RAGEN: on; the intended move 1/3 of the time)."
+    )
+    map_size: int = _f(
+        3,
+        "FrozenLake: side of the random lakes (RAGEN: 4). 3 keeps a CPU run learnable: the best "
+        "policy reaches the goal within 10 slippery actions 40 %% of the time on 3 x 3 lakes, "
+        "10 %% on 4 x 4.",
+    )
+    max_turns: int = _f(5, "Turns per episode (RAGEN: 5).")
+    max_action_tokens: int = _f(
+        4, "Maximum tokens of one turn (actions, separators and the stop word)."
+    )
+    # --- the environment
+    max_actions_per_turn: int = _f(
+        2, "Actions one turn may name, joined by '||' (RAGEN: 5). 1: one action per turn."
+    )
+    max_actions: int = _f(10, "Actions per episode (RAGEN: 10); the grid env's time limit.")
+    format_penalty: float = _f(
+        0.1, "Cost of a turn with an invalid action (RAGEN: 0.1); the episode goes on."
+    )
+    bandit_payoffs: str = _f(
+        "paper", "Bandit: the phoenix pays 0.15 ('paper', App. B.1) or 0.1 ('code')."
+    )
+    room_size: int = _f(6, "Sokoban: side of the room, walls included (RAGEN: 6).")
+    # --- the filter stage
+    rollout_filter: str = _f(
+        "none",
+        "Which groups enter the update: 'none'; 'top_k' / 'top_p' (RAGEN's reward-std filter, "
+        "filters.reward_std_filter); 'dynamic' (DAPO: drop groups whose rewards are all equal "
+        "and sample more groups to refill the batch).",
+    )
+    filter_value: float = _f(
+        0.25, "top_k: fraction of groups kept (RAGEN: 0.25); top_p: share of the total std."
+    )
+    filter_include_zero: bool = _f(
+        True, "Let the reward-std filter keep groups with zero std (RAGEN's original: yes)."
+    )
+    max_sample_rounds: int = _f(
+        4, "Dynamic sampling: at most this many rollout rounds per step to refill the batch."
+    )
+
+    @classmethod
+    def from_profile(cls, profile: str = "quick", **overrides):
+        preset = overrides.get("preset", "starpo")
+        if preset not in cls.PRESETS:
+            raise ConfigError(
+                "preset", f"unknown preset; choose one of {sorted(cls.PRESETS)}", preset
+            )
+        return super().from_profile(profile, **{**cls.PRESETS[preset], **overrides})
+
+    def validate(self) -> None:
+        super().validate()
+        if self.preset not in self.PRESETS:
+            self._bad("preset", f"unknown preset; choose one of {sorted(self.PRESETS)}")
+        if self.rollout_filter not in ("none", "top_k", "top_p", "dynamic"):
+            self._bad("rollout_filter", "must be 'none', 'top_k', 'top_p' or 'dynamic'")
+        if not 0.0 < self.filter_value <= 1.0:
+            self._bad("filter_value", "must be in (0, 1]")
+        if self.bandit_payoffs not in ("paper", "code"):
+            self._bad("bandit_payoffs", "must be 'paper' or 'code'")
+        if self.format_penalty < 0:
+            self._bad("format_penalty", "must be >= 0 (it is subtracted)")
+        self._at_least(("max_actions_per_turn", "max_actions", "mini_batch_size"), 1)
+        self._at_least(("max_sample_rounds",), 1)
+        if not 4 <= self.room_size <= 10:
+            self._bad("room_size", "must be between 4 and 10")
+        if self.rollout_filter in ("top_k", "top_p", "dynamic") and self.num_generations < 2:
+            self._bad("num_generations", "a group filter needs groups of at least 2")
+        # each action is one token, separators too, and the stop word closes the turn
+        need = 2 * (1 if self.env == "bandit" else self.max_actions_per_turn)
+        if self.max_action_tokens < need:
+            self._bad("max_action_tokens", f"must be >= {need} to write a whole turn")
+        self._check_preset_applied()
+
+    def _check_preset_applied(self) -> None:
+        # StarPOConfig(preset="starpo-s") alone would be labelled StarPO-S but run StarPO: refused.
+        preset = self.PRESETS[self.preset]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if preset and all(getattr(self, k) == defaults[k] for k in preset):
+            self._bad(
+                "preset",
+                f"the {self.preset!r} preset's values are not applied; use "
+                f"StarPOConfig.from_profile(..., preset={self.preset!r}) or --preset {self.preset}",
+            )
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "room_size")
+
+    def min_sequence_tokens(self) -> int:
+        grid = {"bandit": 2, "frozenlake": self.map_size**2, "sokoban": self.room_size**2}
+        side = {"bandit": 0, "frozenlake": self.map_size, "sokoban": self.room_size}
+        return grid[self.env] + side[self.env] + 3 + self.max_action_tokens
 
 
 #: The GRPO recipe's profiles (kept as a module name for convenience).

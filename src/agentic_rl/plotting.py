@@ -30,6 +30,10 @@ LABELS = {
     "tool_calls": "tool calls per episode",
     "error_rate_in_positives": "tool errors per call (correct episodes)",
     "grad_share": "interpreter share of the gradient norm",
+    "in_group_std": "in-group reward std (all groups)",
+    "chosen_in_group_std": "in-group reward std (kept groups)",
+    "kept_groups": "fraction of groups kept",
+    "distinct_per_group": "distinct action sequences per group",
 }
 
 

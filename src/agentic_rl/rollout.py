@@ -83,6 +83,32 @@ class Batch:
         picked = {f.name: take(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}
         return Batch(**picked, extras={k: take(v) for k, v in self.extras.items()})
 
+    @staticmethod
+    def cat(batches: list["Batch"], pad_token_id: int) -> "Batch":
+        """The rows of several batches in one: ``[B, T]`` fields right-padded to the widest
+        (``pad_token_id`` in ``input_ids``, -1 in ``turn_ids``, 0 elsewhere), the rest joined."""
+        width = max(b.input_ids.shape[1] for b in batches)
+
+        def join(parts, name):
+            if parts[0] is None:
+                return None
+            if isinstance(parts[0], list):
+                return [x for p in parts for x in p]
+            if parts[0].dim() == 2:
+                fill = {"input_ids": pad_token_id, "turn_ids": -1}.get(name, 0)
+                parts = [
+                    torch.nn.functional.pad(p, (0, width - p.shape[1]), value=fill) for p in parts
+                ]
+            return torch.cat(parts, 0)
+
+        joined = {
+            f.name: join([getattr(b, f.name) for b in batches], f.name)
+            for f in fields(Batch)
+            if f.name != "extras"
+        }
+        extras = {k: join([b.extras[k] for b in batches], k) for k in batches[0].extras}
+        return Batch(**joined, extras=extras)
+
     def to(self, device) -> "Batch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
         for k, v in moved.items():

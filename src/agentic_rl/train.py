@@ -5,11 +5,12 @@ The GRPO step is the design's data path, one line each::
 
     batch = self.rollout()                          # sample G completions per prompt, score them
     advantages = self.compute_advantages(batch)     # [B, T]: group-normalised, broadcast to tokens
+    keep = self.filter_rows(batch)                  # which rows enter the update (None: all)
     loss, metrics = self.compute_loss(batch, advantages)   # clipped surrogate + beta * KL
     optimizer step (gradient clipping, NaN guard)
 
-Later chapters subclass :class:`GRPOTrainer` and override ``compute_advantages`` or
-``compute_loss``.
+Later chapters subclass :class:`GRPOTrainer` and override ``compute_advantages``, ``filter_rows``
+or ``compute_loss``.
 
 Metric dictionary (one row per GRPO step in ``history`` and ``metrics.csv``; TRL's names where TRL
 has the metric):
@@ -390,6 +391,9 @@ class GRPOTrainer:
         if c.beta > 0:
             kl = kl_penalty(logprobs, batch.ref_logprobs, c.kl_estimator)
             loss = loss + c.beta * aggregate(kl, batch.loss_mask, c.agg_mode, norm_constant=norm)
+        if c.entropy_coeff > 0:  # the entropy bonus (verl: pg_loss - entropy_coeff * entropy)
+            bonus = aggregate(entropy, batch.loss_mask, c.agg_mode, norm_constant=norm)
+            loss = loss - c.entropy_coeff * bonus
         metrics["entropy"] = aggregate(entropy.detach(), batch.loss_mask, "token-mean").item()
         metrics["kl"] = float("nan")
         # the drift from pi_ref, logged with k3 whatever the loss uses
@@ -400,6 +404,14 @@ class GRPOTrainer:
                 "token-mean",
             ).item()
         return loss, metrics
+
+    #: Why the last ``filter_rows`` kept nothing (logged when an update is skipped).
+    filter_reason = ""
+
+    def filter_rows(self, batch: Batch) -> torch.Tensor | None:
+        """The filter stage between advantages and loss: a ``[B]`` keep-mask, or ``None`` to
+        keep every row (GRPO). StarPO-S overrides it (``agentic_rl.filters``)."""
+        return None
 
     def _optimizer_step(self, loss: torch.Tensor) -> tuple[float, bool]:
         """Backward, clip, step;
@@ -451,13 +463,32 @@ class GRPOTrainer:
         batch = self.rollout()
         t_rollout = time.perf_counter() - t0
         advantages = self.compute_advantages(batch)
+        # the filter stage (StarPO-S, dynamic sampling): which rows enter the update
+        update, update_adv = batch, advantages
+        keep = self.filter_rows(batch)
+        if keep is not None:
+            rows = keep.nonzero().flatten()
+            update, update_adv = batch.select(rows), advantages[rows]
         self.model.train()
         skipped = 0
         per_update = []
-        for _ in range(c.num_iterations):  # mu passes over the batch ...
-            for part in self._minibatches(len(batch)):  # ... of num_minibatches gradient steps each
-                mb = batch if part is None else batch.select(part)
-                loss, m = self.compute_loss(mb, advantages if part is None else advantages[part])
+        nan = float("nan")
+        first = dict.fromkeys(
+            ("loss", "kl", "entropy", "clip_ratio", "approx_kl", "grad_norm", *self.extra_metrics),
+            nan,
+        )
+        if len(update) == 0:
+            skipped = 1
+            warnings.warn(
+                f"GRPO step {self.step + 1}: the filter kept no rollout ({self.filter_reason}); "
+                "skipped this update",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        for _ in range(c.num_iterations if len(update) else 0):  # mu passes over the batch ...
+            for part in self._minibatches(len(update)):  # ... of num_minibatches gradient steps
+                mb = update if part is None else update.select(part)
+                loss, m = self.compute_loss(mb, update_adv if part is None else update_adv[part])
                 grad_norm, skip = self._optimizer_step(loss)
                 skipped += int(skip)
                 per_update.append(m)
@@ -468,7 +499,7 @@ class GRPOTrainer:
         # so with one step per batch these are ~0 by construction; clipping can only act from the
         # second step on.
         for key in ("clip_ratio", "approx_kl", "vf_clip_ratio"):
-            if key in m:
+            if per_update and key in per_update[0]:
                 first[key] = sum(x[key] for x in per_update) / len(per_update)
         self.step += 1
         scores, gid = batch.scores, batch.group_id

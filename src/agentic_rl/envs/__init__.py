@@ -6,12 +6,20 @@
 from __future__ import annotations
 
 from .arithmetic import AdditionTask
+from .bandit import BanditEnv
 from .base import MultiTurnEnv, Problem, Score, Task
 from .frozenlake import FrozenLakeEnv
+from .multiaction import MultiActionEnv
 from .multiply import MultiplyEnv
+from .sokoban import SokobanEnv
 
 TASKS = {"addition": AdditionTask}
-ENVS = {"frozenlake": FrozenLakeEnv, "multiply": MultiplyEnv}
+ENVS = {
+    "bandit": BanditEnv,
+    "frozenlake": FrozenLakeEnv,
+    "multiply": MultiplyEnv,
+    "sokoban": SokobanEnv,
+}
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -31,10 +39,13 @@ def make_env(name: str, **kwargs) -> MultiTurnEnv:
 
 __all__ = [
     "AdditionTask",
+    "BanditEnv",
     "ENVS",
     "FrozenLakeEnv",
+    "MultiActionEnv",
     "MultiTurnEnv",
     "MultiplyEnv",
+    "SokobanEnv",
     "Problem",
     "Score",
     "Task",

@@ -90,6 +90,7 @@ class FrozenLakeEnv:
     """
 
     name = "frozenlake"
+    actions = ACTIONS
 
     def __init__(
         self,

@@ -1,0 +1,174 @@
+"""The StarPO trainer: presets, the filter stage, RAGEN's minibatching, dynamic sampling, the
+entropy bonus, the indicators, and the recipe on every environment."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from agentic_rl import filters
+from agentic_rl.cli import main
+from agentic_rl.config import ConfigError, StarPOConfig
+from agentic_rl.rollout import Batch
+from agentic_rl.starpo import StarPOTrainer, collapse_step, distinct_per_group
+from agentic_rl.utils import setup
+
+TINY = dict(
+    hidden_size=32,
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    intermediate_size=64,
+    sft_steps=0,
+    max_steps=2,
+    eval_size=4,
+    eval_samples=1,
+    device="cpu",
+    disable_tqdm=True,
+    prompts_per_step=4,
+    num_generations=4,
+    mini_batch_size=4,
+)
+
+
+def tiny(**overrides) -> StarPOConfig:
+    return StarPOConfig.from_profile("quick", **{**TINY, **overrides})
+
+
+def test_presets_fill_unset_fields_and_fields_you_set_win():
+    s = StarPOConfig.from_profile("quick", preset="starpo-s")
+    assert (s.rollout_filter, s.filter_value, s.beta, s.epsilon_high) == ("top_k", 0.25, 0.0, 0.28)
+    v = StarPOConfig.from_profile("quick")
+    assert (v.rollout_filter, v.beta, v.kl_estimator, v.epsilon_high) == ("none", 0.001, "k1", None)
+    ablated = StarPOConfig.from_profile("quick", preset="starpo-s", rollout_filter="none")
+    assert ablated.rollout_filter == "none" and ablated.epsilon_high == 0.28
+    with pytest.raises(ConfigError, match="^preset: unknown preset"):
+        StarPOConfig.from_profile("quick", preset="starpo-z")
+    with pytest.raises(
+        ConfigError, match="^preset: the 'starpo-s' preset's values are not applied"
+    ):
+        StarPOConfig(preset="starpo-s")
+
+
+def test_top_k_filter_keeps_whole_groups_and_takes_fewer_gradient_steps():
+    setup(0)
+    t = StarPOTrainer(tiny(preset="starpo-s", filter_value=0.5, mini_batch_size=2))
+    steps = []
+    t._optimizer_step = lambda loss, f=t._optimizer_step: steps.append(1) or f(loss)
+    row = t.grpo_step()
+    assert row["kept_groups"] == 0.5  # 2 of 4 groups
+    assert len(steps) == math.ceil(2 * 4 / 2)  # 8 kept rows, 2 per gradient step
+    assert row["chosen_in_group_std"] >= row["in_group_std"]
+
+
+def test_no_filter_uses_every_row_in_minibatches_of_the_configured_size():
+    setup(0)
+    t = StarPOTrainer(tiny(mini_batch_size=5))
+    steps = []
+    t._optimizer_step = lambda loss, f=t._optimizer_step: steps.append(1) or f(loss)
+    row = t.grpo_step()
+    assert row["kept_groups"] == 1.0 and len(steps) == math.ceil(16 / 5)
+
+
+class _NoSpread(StarPOTrainer):
+    """A rollout in which every episode scores the same: no group has any spread."""
+
+    def rollout(self) -> Batch:
+        batch = super().rollout()
+        batch.token_rewards = torch.zeros_like(batch.token_rewards)
+        return batch
+
+
+def test_a_filter_that_keeps_nothing_skips_the_update_and_says_why():
+    setup(0)
+    t = _NoSpread(tiny(preset="starpo-s", filter_include_zero=False))
+    before = {k: v.clone() for k, v in t.model.state_dict().items()}
+    with pytest.warns(RuntimeWarning, match="the filter kept no rollout .*no group has any spread"):
+        row = t.grpo_step()
+    assert row["skipped"] == 1 and row["kept_groups"] == 0.0 and math.isnan(row["loss"])
+    assert row["in_group_std"] == 0.0  # the indicators are still the rollout's
+    assert all(torch.equal(before[k], v) for k, v in t.model.state_dict().items())
+
+
+def test_dynamic_sampling_refills_with_groups_that_have_spread():
+    setup(0)
+    t = StarPOTrainer(tiny(rollout_filter="dynamic", max_sample_rounds=3))
+    batch = t.rollout()
+    std, _ = filters.group_std(batch.scores, batch.group_id)
+    assert len(std) <= 4 and bool((std > 0).all())
+    assert 1 <= t._sample_rounds <= 3
+    assert len(batch) == 4 * len(std)  # whole groups
+
+
+def test_entropy_bonus_is_subtracted_from_the_loss():
+    setup(0)
+    t = StarPOTrainer(tiny(entropy_coeff=0.0, beta=0.0))
+    batch = t.rollout()
+    adv = t.compute_advantages(batch)
+    t.filter_rows(batch)
+    plain, m = t.compute_loss(batch, adv)
+    t.config.entropy_coeff = 0.5
+    bonus, _ = t.compute_loss(batch, adv)
+    # token-mean entropy, which the metrics report too
+    assert bonus.item() == pytest.approx(plain.item() - 0.5 * m["entropy"], abs=1e-5)
+
+
+@pytest.mark.parametrize("env", ["bandit", "frozenlake", "sokoban"])
+def test_one_step_on_every_environment(env):
+    setup(0)
+    t = StarPOTrainer(tiny(env=env, sft_steps=2, sft_batch_size=4))
+    t.sft()
+    row = t.grpo_step()
+    assert 1.0 <= row["distinct_per_group"] <= 4.0
+    assert row["skipped"] == 0 and math.isfinite(row["loss"])
+
+
+def test_distinct_per_group_and_collapse_step():
+    gid = torch.tensor([0, 0, 0, 1, 1, 1])
+    assert distinct_per_group(["a", "a", "b", "c", "c", "c"], gid) == 1.5
+    h = [{"step": i + 1, "x": v} for i, v in enumerate([0.2, 0.8, 0.6, 0.5, 0.3])]
+    assert collapse_step(h, "x", window=1) == 5  # half of the peak 0.8 is 0.4: 0.3 at step 5
+    assert collapse_step(h, "x", drop=0.3, window=1) is None
+    assert collapse_step([{"step": 1, "x": 0.0}], "x") is None
+
+
+def test_batch_cat_pads_and_joins_rows():
+    a = Batch(
+        torch.ones(2, 3, dtype=torch.long),
+        torch.ones(2, 3, dtype=torch.long),
+        torch.ones(2, 3, dtype=torch.long),
+        torch.zeros(2, 3),
+        torch.tensor([0, 0]),
+        completions=["x", "y"],
+        turn_ids=torch.zeros(2, 3, dtype=torch.long),
+        extras={"success": torch.tensor([True, False]), "turn_end": [[1], [2]]},
+    )
+    b = Batch(
+        torch.ones(1, 5, dtype=torch.long),
+        torch.ones(1, 5, dtype=torch.long),
+        torch.ones(1, 5, dtype=torch.long),
+        torch.zeros(1, 5),
+        torch.tensor([7]),
+        completions=["z"],
+        turn_ids=torch.zeros(1, 5, dtype=torch.long),
+        extras={"success": torch.tensor([True]), "turn_end": [[4]]},
+    )
+    c = Batch.cat([a, b], pad_token_id=9)
+    assert c.input_ids.shape == (3, 5) and c.input_ids[0].tolist() == [1, 1, 1, 9, 9]
+    assert c.attention_mask[0].tolist() == [1, 1, 1, 0, 0] and c.turn_ids[0, 4] == -1
+    assert c.group_id.tolist() == [0, 0, 7] and c.completions == ["x", "y", "z"]
+    assert c.extras["turn_end"] == [[1], [2], [4]] and c.extras["success"].tolist() == [1, 0, 1]
+
+
+def test_cli_runs_the_starpo_recipe(tmp_path, capsys):
+    argv = ["starpo", "--preset", "starpo-s", "--output-dir", str(tmp_path / "run")]
+    for k, v in TINY.items():
+        argv += [f"--{k.replace('_', '-')}", str(v).lower() if isinstance(v, bool) else str(v)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert '"success_before"' in out and (tmp_path / "run" / "metrics.csv").exists()
