@@ -244,7 +244,7 @@ CASES = [
     (StarPOConfig, dict(bandit_payoffs="casino"), "bandit_payoffs"),
     (StarPOConfig, dict(format_penalty=-0.1), "format_penalty"),
     (StarPOConfig, dict(mini_batch_size=0), "mini_batch_size"),
-    (StarPOConfig, dict(room_size=3), "room_size"),
+    (StarPOConfig, dict(room_size=4), "room_size"),
     (StarPOConfig, dict(env="frozenlake", max_actions_per_turn=3), "max_action_tokens"),
     (StarPOConfig, dict(entropy_coeff=-0.001), "entropy_coeff"),
     (StarPOConfig, dict(num_generations=1, rollout_filter="top_k"), "num_generations"),

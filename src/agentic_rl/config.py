@@ -919,8 +919,8 @@ class StarPOConfig(PPOConfig):
             self._bad("format_penalty", "must be >= 0 (it is subtracted)")
         self._at_least(("max_actions_per_turn", "max_actions", "mini_batch_size"), 1)
         self._at_least(("max_sample_rounds",), 1)
-        if not 4 <= self.room_size <= 10:
-            self._bad("room_size", "must be between 4 and 10")
+        if not 5 <= self.room_size <= 10:
+            self._bad("room_size", "must be between 5 and 10 (a 2 x 2 inside has only corners)")
         if self.rollout_filter in ("top_k", "top_p", "dynamic") and self.num_generations < 2:
             self._bad("num_generations", "a group filter needs groups of at least 2")
         # each action is one token, separators too, and the stop word closes the turn

@@ -102,10 +102,12 @@ def plot_runs(
     return _dress(fig, axes, keys, xlabel, title, legend=True)
 
 
-def _dress(fig, axes, keys, xlabel: str, title: str | None, *, legend: bool = False):
-    """The finish every figure here shares: a titled, gridded panel per metric, then layout."""
+def _dress(fig, axes, keys, xlabel: str, title: str | None, *, legend: bool = False, labels=None):
+    """The finish every figure here shares: a titled, gridded panel per metric, then layout.
+    ``labels`` overrides :data:`LABELS` for this figure (e.g. ``accuracy`` read as a success)."""
+    names = {**LABELS, **(labels or {})}
     for ax, key in zip(axes.flat, keys):
-        ax.set_title(LABELS.get(key, key), fontsize=10)
+        ax.set_title(names.get(key, key), fontsize=10)
         ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     if legend:
@@ -130,9 +132,11 @@ def plot_seeds(
     window: int = 10,
     title: str | None = None,
     xlabel: str = "GRPO step",
+    labels: dict[str, str] | None = None,
 ):
     """Runs repeated over seeds (label -> one history per seed): the mean of the seeds' smoothed
-    curves in bold, the band between the lowest and the highest seed shaded. Returns the figure."""
+    curves in bold, the band between the lowest and the highest seed shaded. Returns the figure.
+    ``labels`` renames panels (metric -> title) for this figure."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(
@@ -147,7 +151,7 @@ def plot_seeds(
             ax.plot(
                 steps, curves.mean(0), color=f"C{i}", lw=2, label=f"{label} ({len(hists)} seeds)"
             )
-    return _dress(fig, axes, keys, xlabel, title, legend=True)
+    return _dress(fig, axes, keys, xlabel, title, legend=True, labels=labels)
 
 
 def plot_advantages(advantages: dict[str, np.ndarray], *, bins: int = 30):

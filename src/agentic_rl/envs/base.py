@@ -58,7 +58,9 @@ class MultiTurnEnv(Protocol):
     Turn protocol: every observation ends with the action's opening tag (``<action>``); the policy
     writes its action and closes it with ``</action>`` (the rollout's stop word); the environment
     reads the text between the two. ``step`` must never raise on malformed text: a malformed action
-    ends the episode with a format penalty (``info["format_ok"] = False``).
+    costs a format penalty (``info["format_ok"] = False``) and, as each env documents, either ends
+    the episode (FrozenLake, the Bandit) or is dropped while the episode goes on (RAGEN's rule:
+    Sokoban, ``MultiActionEnv``).
 
     ``info`` of ``step`` always has ``terminated`` (a terminal state: goal, hole, malformed action),
     ``truncated`` (the turn limit ended the episode; bootstrapping would be legitimate here),
@@ -81,3 +83,26 @@ class MultiTurnEnv(Protocol):
     def expert_action(self) -> str:
         """An optimal action from the current state, as text
         (demonstrations for the SFT warm start)."""
+
+
+def noisy_expert_action(env, rng: random.Random, error_rate: float) -> str:
+    """The env's expert action, replaced with probability ``error_rate`` by one of its other
+    action words (uniformly, drawn from ``rng``): a mixed-quality teacher's choice."""
+    action = env.expert_action()
+    if rng.random() < error_rate:
+        action = rng.choice([a for a in env.actions if a != action])
+    return action
+
+
+def expert_episode(env, seed: int, rng: random.Random, error_rate: float = 0.0):
+    """One episode of ``(observation, action)`` pairs for the SFT warm start: reset with ``seed``,
+    then step with :func:`noisy_expert_action` until done. ``env`` needs ``actions`` (its action
+    words) and ``expert_action()``."""
+    if not 0.0 <= error_rate <= 1.0:
+        raise ValueError(f"error_rate must be in [0, 1], got {error_rate!r}")
+    obs, done, pairs = env.reset(seed), False, []
+    while not done:
+        action = noisy_expert_action(env, rng, error_rate)
+        pairs.append((obs, action))
+        obs, _, done, _ = env.step(action)
+    return pairs

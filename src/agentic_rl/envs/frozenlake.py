@@ -53,6 +53,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.envs.toy_text.frozen_lake import MAPS, generate_random_map
 
+from .base import expert_episode
+
 #: Action words in gymnasium's id order (LEFT=0, DOWN=1, RIGHT=2, UP=3).
 ACTIONS = ("left", "down", "right", "up")
 #: Tile words: start, frozen, hole, goal, and the agent ("player") drawn over its tile.
@@ -327,13 +329,4 @@ class FrozenLakeEnv:
         three other actions (uniformly, drawn from ``rng``); the env steps with the action actually
         taken, until done.
         """
-        if not 0.0 <= error_rate <= 1.0:
-            raise ValueError(f"error_rate must be in [0, 1], got {error_rate!r}")
-        obs, done, pairs = self.reset(seed), False, []
-        while not done:
-            action = self.expert_action()
-            if rng.random() < error_rate:
-                action = rng.choice([a for a in ACTIONS if a != action])
-            pairs.append((obs, action))
-            obs, _, done, _ = self.step(action)
-        return pairs
+        return expert_episode(self, seed, rng, error_rate)

@@ -24,7 +24,10 @@ limit is the action budget.
 
 from __future__ import annotations
 
+import itertools
 import random
+
+from .base import noisy_expert_action
 
 SEPARATOR = "||"
 ACTION_OPEN, ACTION_CLOSE = "<action>", "</action>"
@@ -95,25 +98,29 @@ class MultiActionEnv:
     def step(self, action_text: str) -> tuple[str, float, bool, dict]:
         if self._done:
             raise RuntimeError("episode is over; call reset")
-        self._turn += 1
         valid, format_ok = self.parse(action_text)
+        return self._turn_of(valid, format_ok)
+
+    def _turn_of(self, words, format_ok: bool) -> tuple[str, float, bool, dict]:
+        """Run ``words`` (any iterable, read one word at a time) as one turn; the turn's
+        ``(observation, reward, done, info)``."""
+        self._turn += 1
         reward = 0.0 if format_ok else -self.format_penalty
-        ran, info = 0, {}
-        obs, inner_done = None, False
-        for word in valid[: self.max_actions - self._used]:
-            obs, r, inner_done, info = self.inner.step(word)
+        ran, info, inner_done = 0, {}, False
+        for word in itertools.islice(words, self.max_actions - self._used):
+            _, r, inner_done, info = self.inner.step(word)
             reward += r
             ran += 1
             if inner_done:
                 break
         self._used += ran
-        terminated = bool(info.get("terminated", False)) if inner_done else False
+        terminated = inner_done and bool(info.get("terminated", False))
         truncated = not terminated and (
             self._used >= self.max_actions or self._turn >= self.max_turns
         )
         self._done = terminated or truncated
-        if obs is None:  # nothing ran: the state is unchanged
-            obs = f"{self.inner.render_text()} {ACTION_OPEN}"
+        # nothing ran: the state is unchanged; a terminal state has no next observation
+        obs = "" if terminated else f"{self.inner.render_text()} {ACTION_OPEN}"
         out = dict(
             terminated=terminated,
             truncated=truncated,
@@ -123,7 +130,7 @@ class MultiActionEnv:
             actions=ran,
             actions_total=self._used,
         )
-        return ("" if terminated else obs), round(reward, 6), self._done, out
+        return obs, round(reward, 6), self._done, out
 
     def expert_action(self) -> str:
         """The inner expert's next action (one action: a turn's plan needs the states between)."""
@@ -145,21 +152,13 @@ class MultiActionEnv:
         while not done:
             k = rng.randint(1, self.max_actions_per_turn)
             words = []
-            inner_done = False
-            start_obs = obs
-            for _ in range(min(k, self.max_actions - self._used)):
-                word = self.inner.expert_action()
-                if rng.random() < error_rate:
-                    word = rng.choice([a for a in self.actions if a != word])
-                words.append(word)
-                _, r, inner_done, info = self.inner.step(word)
-                self._used += 1
-                if inner_done:
-                    break
-            pairs.append((start_obs, f" {SEPARATOR} ".join(words)))
-            self._turn += 1
-            terminated = inner_done and bool(info.get("terminated", False))
-            done = terminated or self._used >= self.max_actions or self._turn >= self.max_turns
-            obs = f"{self.inner.render_text()} {ACTION_OPEN}"
-        self._done = True
+
+            def expert_words():  # lazy: each word is chosen in the state the last one led to
+                for _ in range(k):
+                    words.append(noisy_expert_action(self.inner, rng, error_rate))
+                    yield words[-1]
+
+            next_obs, _, done, _ = self._turn_of(expert_words(), True)
+            pairs.append((obs, f" {SEPARATOR} ".join(words)))
+            obs = next_obs
         return pairs

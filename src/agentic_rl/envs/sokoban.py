@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import random
 
+from .base import expert_episode
+
 #: Action words (the same words and order as FrozenLake's).
 ACTIONS = ("left", "down", "right", "up")
 MOVES = ((0, -1), (1, 0), (0, 1), (-1, 0))  # (d_row, d_col) of each action
@@ -306,13 +308,4 @@ class SokobanEnv:
         three other actions (uniformly, drawn from ``rng``); the env steps with the action actually
         taken, until done.
         """
-        if not 0.0 <= error_rate <= 1.0:
-            raise ValueError(f"error_rate must be in [0, 1], got {error_rate!r}")
-        obs, done, pairs = self.reset(seed), False, []
-        while not done:
-            action = self.expert_action()
-            if rng.random() < error_rate:
-                action = rng.choice([a for a in ACTIONS if a != action])
-            pairs.append((obs, action))
-            obs, _, done, _ = self.step(action)
-        return pairs
+        return expert_episode(self, seed, rng, error_rate)
