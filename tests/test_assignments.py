@@ -28,6 +28,7 @@ FUNCTIONS = {
     "grpo": ["group_advantages", "aggregate", "clipped_token_loss"],
     "gae": ["gae", "masked_whiten", "value_loss"],
     "retool": ["tool_output_mask", "spurious_logit_gradient", "resample_on_correct"],
+    "starpo": ["reward_std_filter", "distinct_per_group", "expected_bandit_gradient"],
 }
 
 #: a planted bug per chapter (a line of the solution replaced), and what the grader must say
@@ -43,6 +44,11 @@ BUGS = {
                "`tool_output_mask` is wrong for the chapter's right-padded row (prompt, code, "
                "interpreter output, answer, padding): it marks 7 token(s) before the row's first "
                "policy token"),
+    "starpo": ("s.std().item() if", "s.std(unbiased=False).item() if",
+               "`reward_std_filter` is wrong for top_k 0.5 over a group of 4 (scores 0, 0, 1, 1) "
+               "and a group of 2 (scores 0, 1): the std must be the unbiased one (Bessel's "
+               "correction, as torch.std), 0.577 against 0.707, so the group of 2 ranks first: it "
+               "kept group(s) [0], expected [1]"),
 }
 
 

@@ -172,3 +172,25 @@ def test_cli_runs_the_starpo_recipe(tmp_path, capsys):
         assert main(argv) == 0
     out = capsys.readouterr().out
     assert '"success_before"' in out and (tmp_path / "run" / "metrics.csv").exists()
+
+
+def test_plot_echo_trap_marks_where_success_and_the_std_fall():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from agentic_rl.plotting import plot_echo_trap
+
+    acc = [0.2, 0.6, 0.8, 0.8, 0.5, 0.3, 0.2, 0.1]
+    std = [0.3, 0.4, 0.4, 0.3, 0.1, 0.1, 0.1, 0.1]
+    h = [
+        {"step": i + 1, "accuracy": a, "in_group_std": s, "entropy": 1.0, "grad_norm": 0.5}
+        for i, (a, s) in enumerate(zip(acc, std))
+    ]
+    fig = plot_echo_trap(h, window=1)
+    legend = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert legend == ["success falls: step 6", "reward std falls: step 5"]
+    assert len(fig.axes[1].lines) == 2 + 2  # raw and smoothed curve, then the two marks
+    fig = plot_echo_trap([{**r, "in_group_std": 0.4} for r in h], window=1)
+    assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][1] == (
+        "reward std falls: never"
+    )

@@ -5,7 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["smooth", "plot_metrics", "plot_runs", "plot_seeds", "plot_advantages", "seed_spread"]
+__all__ = [
+    "collapse_step",
+    "plot_advantages",
+    "plot_echo_trap",
+    "plot_metrics",
+    "plot_runs",
+    "plot_seeds",
+    "seed_spread",
+    "smooth",
+]
 
 #: Widest figure, in inches: the book's text column shows it at full size (readable text)
 #: at 100 dpi.
@@ -55,6 +64,7 @@ def plot_metrics(
     ncols: int = 2,
     title: str | None = None,
     xlabel: str = "GRPO step",
+    labels: dict[str, str] | None = None,
 ):
     """One panel per metric of one run: raw values faint, moving average bold.
     Returns the figure."""
@@ -72,7 +82,58 @@ def plot_metrics(
         ax.plot(steps, smooth(vals, window), color="C0", lw=2)
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
-    return _dress(fig, axes, keys, xlabel, title)
+    return _dress(fig, axes, keys, xlabel, title, labels=labels)
+
+
+def collapse_step(history: list[dict], key: str, *, drop: float = 0.5, window: int = 5):
+    """The first step after the peak of ``key`` (smoothed over ``window`` steps) where it falls
+    to ``drop`` times that peak or below; ``None`` if it never does.
+
+    RAGEN's reading of its curves (Finding 3): the in-group reward std and the entropy fall
+    *before* success does. ``collapse_step(h, "in_group_std")`` and ``collapse_step(h,
+    "accuracy")`` measure both falls the same way.
+    """
+    values = smooth([r[key] for r in history], window)
+    if len(values) == 0:
+        return None
+    peak = int(values.argmax())
+    if not values[peak] > 0:
+        return None
+    below = [i for i in range(peak, len(values)) if values[i] <= drop * values[peak]]
+    return history[below[0]]["step"] if below else None
+
+
+def plot_echo_trap(
+    history: list[dict],
+    keys=("accuracy", "in_group_std", "entropy", "grad_norm"),
+    *,
+    drop: float = 0.5,
+    window: int = 5,
+    title: str | None = None,
+    xlabel: str = "RL step",
+    labels: dict[str, str] | None = None,
+):
+    """One run's Echo-Trap indicators, a panel each, with two steps marked on every panel: where
+    success (``accuracy``) and where the in-group reward std fell to ``drop`` times their peaks
+    (:func:`collapse_step`). A mark that never happened is left out and said so in the legend.
+    Returns the figure."""
+    fig = plot_metrics(history, keys, window=window, title=title, xlabel=xlabel, labels=labels)
+    marks = (("accuracy", "success falls", "C3"), ("in_group_std", "reward std falls", "C4"))
+    for key, name, color in marks:
+        step = collapse_step(history, key, drop=drop, window=window)
+        for ax in fig.axes[: len(keys)]:
+            if step is not None:
+                ax.axvline(step, color=color, ls="--", lw=1.2)
+        fig.axes[0].plot(
+            [],
+            [],
+            color=color,
+            ls="--",
+            lw=1.2,
+            label=f"{name}: step {step}" if step is not None else f"{name}: never",
+        )
+    fig.axes[0].legend(fontsize=8)
+    return fig
 
 
 def plot_runs(

@@ -14,8 +14,9 @@ adds what the chapter is about, and nothing else:
 - the **Echo-Trap indicators** logged every step: in-group reward std (all groups and the kept
   ones), the fraction of groups kept, and the number of distinct action sequences per group
   (template collapse); entropy and gradient norm come with every step already;
-- :func:`collapse_step`: where a logged curve falls below a fraction of its peak, to measure the
-  lag between the std's fall and success's fall (RAGEN's Finding 3).
+- :func:`~agentic_rl.plotting.collapse_step` (also importable from here): where a logged curve
+  falls below a fraction of its peak, to measure the lag between the std's fall and success's fall
+  (RAGEN's Finding 3); :func:`~agentic_rl.plotting.plot_echo_trap` marks both on one run's curves.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from . import filters
 from .agent import AgentTrainer
 from .config import StarPOConfig
 from .envs import BanditEnv, FrozenLakeEnv, MultiActionEnv, SokobanEnv
-from .plotting import smooth
+from .plotting import collapse_step  # re-exported: the chapter's indicator helper
 from .rollout import Batch
 from .train import run_recipe
 
@@ -41,24 +42,6 @@ def distinct_per_group(completions: list[str], group_ids: torch.Tensor) -> float
     for text, g in zip(completions, group_ids.tolist()):
         groups.setdefault(g, set()).add(text)
     return sum(len(s) for s in groups.values()) / max(len(groups), 1)
-
-
-def collapse_step(history: list[dict], key: str, *, drop: float = 0.5, window: int = 5):
-    """The first step after the peak of ``key`` (smoothed over ``window`` steps) where it falls
-    to ``drop`` times that peak or below; ``None`` if it never does.
-
-    RAGEN's reading of its curves (Finding 3): the in-group reward std and the entropy fall
-    *before* success does. ``collapse_step(h, "in_group_std")`` and ``collapse_step(h,
-    "accuracy")`` measure both falls the same way.
-    """
-    values = smooth([r[key] for r in history], window)
-    if len(values) == 0:
-        return None
-    peak = int(values.argmax())
-    if not values[peak] > 0:
-        return None
-    below = [i for i in range(peak, len(values)) if values[i] <= drop * values[peak]]
-    return history[below[0]]["step"] if below else None
 
 
 class StarPOTrainer(AgentTrainer):
@@ -117,8 +100,8 @@ class StarPOTrainer(AgentTrainer):
         c = self.config
         if c.rollout_filter != "dynamic":
             return super().rollout()
-        kept, rounds = [], 0
-        while rounds < c.max_sample_rounds and sum(len(b) for b in kept) < len_needed(c):
+        kept, rounds, need = [], 0, c.prompts_per_step * c.num_generations
+        while rounds < c.max_sample_rounds and sum(len(b) for b in kept) < need:
             rounds += 1
             b = super().rollout()
             rows = filters.nonzero_std_filter(b.scores, b.group_id).nonzero().flatten()
@@ -159,7 +142,8 @@ class StarPOTrainer(AgentTrainer):
         return None if c.rollout_filter == "none" else keep
 
     def _minibatches(self, n: int) -> list[torch.Tensor | None]:
-        """RAGEN's minibatches: ``mini_batch_size`` rows each (the last may be smaller)."""
+        """RAGEN's minibatches: ``ceil(n / mini_batch_size)`` gradient steps over a random
+        permutation of the rows (slices of equal size, up to one row)."""
         k = max(1, math.ceil(n / self.config.mini_batch_size))
         if k == 1:
             return [None]
@@ -176,11 +160,6 @@ class StarPOTrainer(AgentTrainer):
         if row["skipped"] and math.isnan(row["in_group_std"]):
             row.update(self._rollout_facts)  # the indicators are the rollout's, update or not
         return row
-
-
-def len_needed(config: StarPOConfig) -> int:
-    """Rows of a full batch: P groups of N."""
-    return config.prompts_per_step * config.num_generations
 
 
 def run_starpo(config: StarPOConfig) -> dict:
