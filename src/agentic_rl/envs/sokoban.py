@@ -301,11 +301,6 @@ class SokobanEnv:
     def demonstration(
         self, seed: int, rng: random.Random, error_rate: float = 0.0
     ) -> list[tuple[str, str]]:
-        """One episode of ``(observation, action)`` pairs for the SFT warm start
-        (mixed-quality teacher).
-
-        Each turn the expert's action is replaced, with probability ``error_rate``, by one of the
-        three other actions (uniformly, drawn from ``rng``); the env steps with the action actually
-        taken, until done.
-        """
+        """One episode of ``(observation, action)`` pairs for the SFT warm start: the expert's
+        actions, each replaced by another with probability ``error_rate`` (``expert_episode``)."""
         return expert_episode(self, seed, rng, error_rate)
