@@ -194,3 +194,13 @@ def test_plot_echo_trap_marks_where_success_and_the_std_fall():
     assert [t.get_text() for t in fig.axes[0].get_legend().get_texts()][1] == (
         "reward std falls: never"
     )
+
+
+def test_starpo_ppo_with_a_critic_runs_and_filters_whole_groups():
+    setup(0)
+    t = StarPOTrainer(
+        tiny(env="frozenlake", advantage_estimator="gae", preset="starpo-s", filter_value=0.5)
+    )
+    assert t.critic is not None
+    row = t.grpo_step()
+    assert row["kept_groups"] == 0.5 and math.isfinite(row["value_loss"])
