@@ -84,15 +84,6 @@ class StarPOTrainer(AgentTrainer):
             format_penalty=c.format_penalty,
         )
 
-    @property
-    def extra_metrics(self) -> tuple[str, ...]:
-        return super().extra_metrics + (
-            "in_group_std",
-            "chosen_in_group_std",
-            "kept_groups",
-            "distinct_per_group",
-        )
-
     # ------------------------------------------------------------------ rollout and filter
     def rollout(self) -> Batch:
         """P seeds x N trajectories; with ``rollout_filter="dynamic"``, DAPO's refill: more seeds
@@ -117,29 +108,31 @@ class StarPOTrainer(AgentTrainer):
         return batch.select(torch.isin(batch.group_id, groups).nonzero().flatten())
 
     def filter_rows(self, batch: Batch) -> torch.Tensor | None:
-        c = self.config
-        scores, gid = batch.scores, batch.group_id
+        c, scores, gid = self.config, batch.scores, batch.group_id
         if c.rollout_filter in ("top_k", "top_p"):
-            keep = filters.reward_std_filter(
+            return filters.reward_std_filter(
                 scores,
                 gid,
                 strategy=c.rollout_filter,
                 value=c.filter_value,
                 include_zero=c.filter_include_zero,
             )
-        elif c.rollout_filter == "dynamic":
-            keep = filters.nonzero_std_filter(scores, gid)
-        else:
+        if c.rollout_filter == "dynamic":
+            return filters.nonzero_std_filter(scores, gid)
+        return None
+
+    def rollout_metrics(self, batch: Batch, keep: torch.Tensor | None) -> dict:
+        """The Echo-Trap indicators, over the whole rollout (compute_loss sees only a minibatch
+        of the kept rows)."""
+        scores, gid = batch.scores, batch.group_id
+        if keep is None:
             keep = torch.ones_like(scores, dtype=torch.bool)
-        self.filter_reason = "every group's rewards are equal: no group has any spread"
-        # whole-batch facts for the history row (compute_loss sees only a minibatch)
-        self._rollout_facts = dict(
+        return dict(
             filters.filter_metrics(scores, gid, keep),
             distinct_per_group=distinct_per_group(batch.completions, gid),
             success_rate=batch.extras["success"].float().mean().item(),
             num_turns=batch.extras["num_turns"].float().mean().item(),
         )
-        return None if c.rollout_filter == "none" else keep
 
     def _minibatches(self, n: int) -> list[torch.Tensor | None]:
         """RAGEN's minibatches: ``ceil(n / mini_batch_size)`` gradient steps over a random
@@ -149,17 +142,6 @@ class StarPOTrainer(AgentTrainer):
             return [None]
         perm = torch.randperm(n)  # the global torch stream: seeded, and checkpointed
         return list(torch.tensor_split(perm, k))
-
-    def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        loss, metrics = super().compute_loss(batch, advantages)
-        metrics.update(self._rollout_facts)
-        return loss, metrics
-
-    def grpo_step(self) -> dict:
-        row = super().grpo_step()
-        if row["skipped"] and math.isnan(row["in_group_std"]):
-            row.update(self._rollout_facts)  # the indicators are the rollout's, update or not
-        return row
 
 
 def run_starpo(config: StarPOConfig) -> dict:

@@ -405,13 +405,15 @@ class GRPOTrainer:
             ).item()
         return loss, metrics
 
-    #: Why the last ``filter_rows`` kept nothing (logged when an update is skipped).
-    filter_reason = ""
-
     def filter_rows(self, batch: Batch) -> torch.Tensor | None:
         """The filter stage between advantages and loss: a ``[B]`` keep-mask, or ``None`` to
         keep every row (GRPO). StarPO-S overrides it (``agentic_rl.filters``)."""
         return None
+
+    def rollout_metrics(self, batch: Batch, keep: torch.Tensor | None) -> dict:
+        """Facts of the whole rollout batch for the history row (``keep``: the filter's mask), which
+        a subclass adds whether or not an update happened; none for GRPO."""
+        return {}
 
     def _optimizer_step(self, loss: torch.Tensor) -> tuple[float, bool]:
         """Backward, clip, step;
@@ -480,8 +482,8 @@ class GRPOTrainer:
         if len(update) == 0:
             skipped = 1
             warnings.warn(
-                f"GRPO step {self.step + 1}: the filter kept no rollout ({self.filter_reason}); "
-                "skipped this update",
+                f"GRPO step {self.step + 1}: the filter kept no rollout (no group had the reward "
+                "spread it asks for); skipped this update",
                 RuntimeWarning,
                 stacklevel=2,
             )
@@ -527,6 +529,7 @@ class GRPOTrainer:
             "skipped": skipped,
         }
         row.update({k: first[k] for k in self.extra_metrics})
+        row.update(self.rollout_metrics(batch, keep))
         self.history.append(row)
         return row
 
