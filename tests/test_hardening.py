@@ -499,7 +499,9 @@ def _random_bytes(path):
 
 def _flip_header_bit(path):
     data = bytearray(open(path, "rb").read())
-    data[40] ^= 0x01  # inside the hex digest
+    # one hex digit of the digest changed to another hex digit (flipping a bit of 'a' or 'f' would
+    # leave the hex alphabet, which the header check reports instead; the digest varies per run)
+    data[40] = ord("0") if data[40] != ord("0") else ord("1")
     open(path, "wb").write(bytes(data))
 
 
