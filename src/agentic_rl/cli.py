@@ -20,6 +20,7 @@ from .config import (
     ConfigError,
     GRPOConfig,
     PPOConfig,
+    RCGRPOConfig,
     ReToolConfig,
     RunError,
     StarPOConfig,
@@ -29,6 +30,7 @@ from .config import (
 RECIPES = {
     "grpo": GRPOConfig,
     "ppo": PPOConfig,
+    "rcgrpo": RCGRPOConfig,
     "retool": ReToolConfig,
     "starpo": StarPOConfig,
 }
@@ -78,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             from .agent import AgentTrainer as Trainer
         elif recipe == "retool":
             from .retool import ReToolTrainer as Trainer
+        elif recipe == "rcgrpo":
+            from .rcgrpo import RCGRPOTrainer as Trainer
         else:
             from .starpo import StarPOTrainer as Trainer
         from .train import run_recipe

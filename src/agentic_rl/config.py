@@ -28,6 +28,7 @@ __all__ = [
     "PPOConfig",
     "ReToolConfig",
     "StarPOConfig",
+    "RCGRPOConfig",
     "PROFILES",
     "RunError",
     "ConfigError",
@@ -946,6 +947,119 @@ class StarPOConfig(PPOConfig):
         grid = {"bandit": 2, "frozenlake": self.map_size**2, "sokoban": self.room_size**2}
         side = {"bandit": 0, "frozenlake": self.map_size, "sokoban": self.room_size}
         return grid[self.env] + side[self.env] + 3 + self.max_action_tokens
+
+
+@dataclass
+class RCGRPOConfig(PPOConfig):
+    """RC-GRPO: reward-conditioned rollouts (RCTP, then GRPO with a reward token per rollout)."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("filesystem",)
+
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1024,
+            sft_steps=1500,
+            max_steps=200,
+            prompts_per_step=32,
+            eval_size=256,
+        ),
+    }
+
+    # --- defaults that differ from the PPO recipe
+    env: str = _f("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
+    advantage_estimator: str = _f("grpo", "RC-GRPO is group-relative: 'grpo' only.")
+    num_generations: int = _f(8, "G: rollouts per task (the group).")
+    prompts_per_step: int = _f(8, "Tasks (episode seeds) per RL step.")
+    num_minibatches: int = _f(1, "Gradient steps per rollout batch (1: on-policy, as GRPO).")
+    loss_type: str = _f("grpo", "Loss aggregation (see the GRPO recipe).")
+    log_kl: bool = _f(False, "Keep pi_ref only to log the KL (off: one forward pass less).")
+    learning_rate: float = _f(3e-4, "Policy learning rate (AdamW).")
+    sft_steps: int = _f(400, "Warm-start steps (SFT or RCTP, see warm_start) before RL.")
+    sft_learning_rate: float = _f(
+        3e-3, "Warm-start learning rate (the copying of names is learned at about 300 steps)."
+    )
+    max_steps: int = _f(50, "RL steps (one rollout batch each).")
+    eval_size: int = _f(64, "Held-out tasks (episode seeds) for the before/after evaluation.")
+    max_turns: int = _f(5, "Calls per episode, 'done' included (the hard tasks need 4).")
+    max_action_tokens: int = _f(4, "Tokens of one call: the name, two arguments, the stop word.")
+    demo_error_rate: float = _f(
+        0.5,
+        "Fraction of warm-start trajectories that are corrupted (a wrong argument, a skipped, "
+        "swapped or extra call): 0.5 gives RCTP its 1:1 mix. SFT keeps only the successful ones.",
+    )
+    # --- the environment
+    hard_fraction: float = _f(
+        0.5, "Fraction of tasks from the hard family (a folder first, 2-3 calls)."
+    )
+    demo_hard_fraction: float | None = _f(
+        0.05,
+        "Fraction of hard tasks among the warm-start trajectories (None: hard_fraction). "
+        "Small values leave the hard family mostly unlearned after the warm start.",
+    )
+    # --- reward conditioning
+    warm_start: str = _f(
+        "rctp",
+        "'sft': imitate the successful warm-start trajectories, no reward token; 'rctp': "
+        "imitate all of them, each with its reward token in the prompt (RCTP).",
+    )
+    conditioning: str = _f(
+        "mixed",
+        "Reward token of the RL rollouts: 'mixed' (RC-GRPO: drawn per rollout), 'high' (always "
+        "high_token: GRPO on a reward-conditioned policy) or 'none' (plain GRPO).",
+    )
+    token_assignment: str = _f(
+        "bernoulli",
+        "How 'mixed' draws the tokens of a group: 'bernoulli' (each rollout high with "
+        "probability p_high) or 'split' (round(p_high * G) high per group). The paper's choice "
+        "is unknown.",
+    )
+    p_high: float = _f(0.5, "Probability (or share) of high_token in a group, in (0, 1).")
+    high_token: str = _f("<|high_reward|>", "The special token that asks for a successful episode.")
+    low_token: str = _f("<|low_reward|>", "The special token that asks for a failed episode.")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.advantage_estimator != "grpo":
+            self._bad("advantage_estimator", "RC-GRPO is group-relative: use 'grpo'")
+        if self.warm_start not in ("sft", "rctp"):
+            self._bad("warm_start", "must be 'sft' or 'rctp'")
+        if self.conditioning not in ("none", "high", "mixed"):
+            self._bad("conditioning", "must be 'none', 'high' or 'mixed'")
+        if self.token_assignment not in ("bernoulli", "split"):
+            self._bad("token_assignment", "must be 'bernoulli' or 'split'")
+        if not 0.0 < self.p_high < 1.0:
+            self._bad("p_high", "must be in (0, 1): a group needs both tokens to have any spread")
+        for name in ("hard_fraction", "demo_hard_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                self._bad(name, "must be in [0, 1]")
+        if self.max_turns < 4:
+            self._bad("max_turns", "must be >= 4 (the hard tasks take 3 calls and 'done')")
+        if self.max_action_tokens < 4:
+            self._bad("max_action_tokens", "must be >= 4 (a name, two arguments, the stop word)")
+        from .envs import FileSystemEnv
+        from .models import CHAT_WORDS, SPECIAL_TOKENS
+
+        words = set(FileSystemEnv().vocabulary()) | set(SPECIAL_TOKENS) | set(CHAT_WORDS)
+        for name in ("high_token", "low_token"):
+            token = getattr(self, name)
+            if not token or any(ch.isspace() for ch in token):
+                self._bad(name, "must be one non-empty word (it becomes one special token)")
+            if token in words:
+                self._bad(name, "is already a word or special token: a reward token must be new")
+        if self.high_token == self.low_token:
+            self._bad("low_token", "must differ from high_token")
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
+
+    def min_sequence_tokens(self) -> int:
+        # the reward token, the task's first observation (at most 14 words) and one call
+        return 1 + 14 + self.max_action_tokens
 
 
 #: The GRPO recipe's profiles (kept as a module name for convenience).

@@ -29,6 +29,7 @@ __all__ = [
     "build_tokenizer",
     "build_model",
     "add_lora",
+    "add_special_tokens",
     "load_pretrained",
     "get_device",
     "count_parameters",
@@ -137,8 +138,11 @@ def add_lora(
     lora_alpha: int = 16,
     lora_dropout: float = 0.0,
     target_modules=("q_proj", "k_proj", "v_proj", "o_proj"),
+    trainable_token_ids: list[int] | None = None,
 ):
-    """Wrap ``model`` with LoRA adapters (peft); only the adapters are trainable afterwards."""
+    """Wrap ``model`` with LoRA adapters (peft); only the adapters are trainable afterwards, and
+    the embedding rows of ``trainable_token_ids`` (tokens added for the task, e.g. the RC-GRPO
+    chapter's reward tokens: peft's ``trainable_token_indices``)."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -147,8 +151,27 @@ def add_lora(
         lora_dropout=lora_dropout,
         target_modules=list(target_modules),
         task_type="CAUSAL_LM",
+        trainable_token_indices={"embed_tokens": list(trainable_token_ids)}
+        if trainable_token_ids
+        else None,
     )
     return get_peft_model(model, config)
+
+
+def add_special_tokens(model, tokenizer, tokens: Iterable[str]) -> list[int]:
+    """Add ``tokens`` to the tokenizer as special tokens (never split, one id each) and grow the
+    model's embedding to match; return their ids.
+
+    New embedding rows are drawn around the mean of the old ones (``mean_resizing``, from the
+    global torch stream): a new token starts as an average word, not as an outlier. Tokens already
+    in the vocabulary are left as they are. Call it before wrapping the model with LoRA, and pass
+    the ids to :func:`add_lora` so that their rows are trained.
+    """
+    tokens = list(tokens)
+    tokenizer.add_tokens([t for t in tokens if t not in tokenizer.get_vocab()], special_tokens=True)
+    if model.get_input_embeddings().num_embeddings < len(tokenizer):
+        model.resize_token_embeddings(len(tokenizer), mean_resizing=True)
+    return tokenizer.convert_tokens_to_ids(tokens)
 
 
 def load_pretrained(

@@ -43,6 +43,11 @@ LABELS = {
     "chosen_in_group_std": "in-group reward std (kept groups)",
     "kept_groups": "fraction of groups kept",
     "distinct_per_group": "distinct action sequences per group",
+    "zero_std_easy": "zero-std groups (easy tasks)",
+    "zero_std_hard": "zero-std groups (hard tasks)",
+    "mean_abs_advantage": "mean |advantage|",
+    "high_success": "success under the high token",
+    "low_success": "success under the low token",
 }
 
 

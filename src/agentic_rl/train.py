@@ -72,6 +72,7 @@ from .envs import make_task
 from .losses import aggregate, kl_penalty, policy_loss
 from .models import (
     add_lora,
+    add_special_tokens,
     build_model,
     build_tokenizer,
     count_parameters,
@@ -248,9 +249,18 @@ class GRPOTrainer:
                 intermediate_size=c.intermediate_size,
                 seed=c.seed,
             )
+        # tokens a recipe adds to the vocabulary (RC-GRPO's reward tokens), before the adapters
+        new_ids = (
+            add_special_tokens(model, tokenizer, self.added_tokens) if self.added_tokens else []
+        )
         if c.use_lora:
-            model = add_lora(model, r=c.lora_r, lora_alpha=c.lora_alpha)
+            model = add_lora(
+                model, r=c.lora_r, lora_alpha=c.lora_alpha, trainable_token_ids=new_ids or None
+            )
         return model, tokenizer
+
+    #: Special tokens a recipe adds to the tokenizer and the embedding (none for GRPO).
+    added_tokens: tuple[str, ...] = ()
 
     def _make_optimizer(self):
         lr = self.config.sft_learning_rate if self.phase == "sft" else self.config.learning_rate

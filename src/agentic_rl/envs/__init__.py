@@ -8,6 +8,7 @@ from __future__ import annotations
 from .arithmetic import AdditionTask
 from .bandit import BanditEnv
 from .base import MultiTurnEnv, Problem, Score, Task
+from .filesystem import FileSystemEnv
 from .frozenlake import FrozenLakeEnv
 from .multiaction import MultiActionEnv
 from .multiply import MultiplyEnv
@@ -16,6 +17,7 @@ from .sokoban import SokobanEnv
 TASKS = {"addition": AdditionTask}
 ENVS = {
     "bandit": BanditEnv,
+    "filesystem": FileSystemEnv,
     "frozenlake": FrozenLakeEnv,
     "multiply": MultiplyEnv,
     "sokoban": SokobanEnv,
@@ -41,6 +43,7 @@ __all__ = [
     "AdditionTask",
     "BanditEnv",
     "ENVS",
+    "FileSystemEnv",
     "FrozenLakeEnv",
     "MultiActionEnv",
     "MultiTurnEnv",

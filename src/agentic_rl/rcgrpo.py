@@ -1,0 +1,346 @@
+"""RC-GRPO (Zhong et al. 2026): reward-conditioned rollouts to put reward spread back into groups.
+
+A GRPO group whose rewards are all equal has advantage 0 everywhere and gives no gradient; after a
+strong warm start most groups of a binary task are all-1 (or all-0). RC-GRPO answers in two stages:
+
+1. **RCTP** (reward-conditioned trajectory pretraining): imitate *mixed-quality* trajectories, each
+   with a reward token in its prompt, ``<|high_reward|>`` for the successful ones and
+   ``<|low_reward|>`` for the failures, so the model learns to produce either on demand;
+2. **RC-GRPO**: in RL, draw a token for every rollout of a group (:func:`draw_conditions`), so a
+   group holds high- and low-conditioned episodes whose rewards differ; advantages over the whole
+   mixed group, the reward computed on the episode alone; evaluation under ``<|high_reward|>``.
+
+This module is that and only that, on the agent trainer: the tokens are true special tokens
+(:func:`agentic_rl.models.add_special_tokens`, embedding resized; trainable rows under LoRA), put in
+front of the first observation by :class:`RewardConditionedEnv` (the "reward goal" of the task's
+first message); the trainer's warm start, rollout, metrics and evaluation know about them. The
+zero-std measurements (:func:`zero_std_fraction`) and the variance bound of the chapter
+(:func:`variance_lower_bound`, :func:`simulate_group_variance`) are plain functions.
+
+What is the paper's and what is not (``reference/algorithms.md`` sections 5 and 15): the two
+stages and the tokens are; whether tokens are drawn i.i.d. or as a fixed split is unknown (both
+here, ``token_assignment``); the token's position, ``p``, and the hyperparameters are unknown.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import random
+
+import torch
+
+from .advantages import group_advantages
+from .agent import AgentTrainer
+from .config import ConfigError, RCGRPOConfig
+from .envs import FileSystemEnv
+from .rollout import build_segments_batch
+from .train import _fixed_rng, run_recipe
+
+__all__ = [
+    "ARMS",
+    "RCGRPOTrainer",
+    "RewardConditionedEnv",
+    "draw_conditions",
+    "run_arms",
+    "run_rcgrpo",
+    "simulate_group_variance",
+    "variance_lower_bound",
+    "zero_std_fraction",
+]
+
+#: The lab's four arms: which warm start, and which tokens the RL rollouts get.
+ARMS: dict[str, dict] = {
+    "SFT -> GRPO": dict(warm_start="sft", conditioning="none"),
+    "RCTP -> GRPO": dict(warm_start="rctp", conditioning="high"),
+    "RCTP -> RC-GRPO": dict(warm_start="rctp", conditioning="mixed"),
+    "SFT -> RC-GRPO": dict(warm_start="sft", conditioning="mixed"),
+}
+
+
+def draw_conditions(
+    num_groups: int, group_size: int, p_high: float, assignment: str, rng: random.Random
+) -> list[bool]:
+    """The reward token of every rollout, group after group (``True``: high).
+
+    ``"bernoulli"``: each rollout independently high with probability ``p_high`` (a group can come
+    out all-high or all-low); ``"split"``: ``round(p_high * G)`` high rollouts per group (at least
+    one of each), at random positions.
+    """
+    if assignment == "bernoulli":
+        return [rng.random() < p_high for _ in range(num_groups * group_size)]
+    if assignment == "split":
+        k = min(max(round(p_high * group_size), 1), group_size - 1)
+        out = []
+        for _ in range(num_groups):
+            group = [True] * k + [False] * (group_size - k)
+            rng.shuffle(group)
+            out += group
+        return out
+    raise ValueError(f"assignment must be 'bernoulli' or 'split', got {assignment!r}")
+
+
+def zero_std_fraction(
+    scores: torch.Tensor, group_ids: torch.Tensor, rows: torch.Tensor | None = None
+) -> float | None:
+    """Fraction of groups whose rewards are all equal (zero advantage, no gradient); with
+    ``rows`` (a bool mask), only the groups of those rows. ``None`` when there is no group."""
+    values: dict[int, set] = {}
+    for g, s in zip(group_ids.tolist(), scores.tolist()):
+        values.setdefault(g, set()).add(s)
+    chosen = values if rows is None else {g: values[g] for g in group_ids[rows].tolist()}
+    return sum(len(v) == 1 for v in chosen.values()) / len(chosen) if chosen else None
+
+
+def variance_lower_bound(group_size: int, p_high: float, separation: float) -> float:
+    """Prop. 4.3 as reviewers quote it: ``E[sigma^2] >= (G - 1) / G * p (1 - p) * eps^2`` for a
+    group whose tokens are i.i.d. Bernoulli(p) and whose success rates under the two tokens differ
+    by ``eps``; ``sigma^2`` is the group's population variance (divided by G)."""
+    return (group_size - 1) / group_size * p_high * (1 - p_high) * separation**2
+
+
+def simulate_group_variance(
+    group_size: int,
+    p_high: float,
+    success_high: float,
+    success_low: float,
+    *,
+    groups: int = 20_000,
+    assignment: str = "bernoulli",
+    seed: int = 0,
+) -> float:
+    """Monte Carlo estimate of ``E[sigma^2]`` (population variance of a group's binary rewards)
+    when each rollout's token is drawn by :func:`draw_conditions` and it succeeds with
+    ``success_high`` / ``success_low`` under its token."""
+    rng = random.Random(seed)
+    high = torch.tensor(draw_conditions(groups, group_size, p_high, assignment, rng))
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.where(high, success_high, success_low).to(torch.float64)
+    rewards = (torch.rand(p.shape, generator=gen, dtype=torch.float64) < p).double()
+    return rewards.view(groups, group_size).var(dim=1, unbiased=False).mean().item()
+
+
+class RewardConditionedEnv:
+    """An environment whose first observation starts with a reward token (or none).
+
+    The token is part of the prompt: the rollout gives it ``loss_mask`` 0 like every observation
+    token, so it is never trained on, and the environment's reward ignores it. Everything else is
+    the wrapped environment's."""
+
+    def __init__(self, env, token: str | None):
+        self.env, self.token = env, token
+
+    def reset(self, seed: int) -> str:
+        obs = self.env.reset(seed)
+        return f"{self.token} {obs}" if self.token else obs
+
+    def step(self, action_text: str):
+        return self.env.step(action_text)
+
+    def __getattr__(self, name):  # name, max_turns, vocabulary, success, ...
+        if name == "env" or name.startswith("__"):  # not set yet (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+
+class RCGRPOTrainer(AgentTrainer):
+    """A warm start (SFT or RCTP), then GRPO whose rollouts carry reward tokens (RC-GRPO)."""
+
+    config: RCGRPOConfig
+
+    headline = ("success", "sampled_success")
+    headline_definition = (
+        "success: fraction of held-out tasks solved (BFCL-style state and result check), "
+        "sampling at the training temperature under the evaluation token (high_token when the "
+        "run uses tokens; = sampled_success); low_success: under low_token; separation: "
+        "sampled_success - low_success"
+    )
+
+    def __init__(self, config: RCGRPOConfig, *, model=None, tokenizer=None):
+        if tokenizer is not None:  # a given policy must already know the tokens
+            for name in ("high_token", "low_token"):
+                token = getattr(config, name)
+                if token not in tokenizer.get_vocab():
+                    why = "is not in the given tokenizer: build the policy with it"
+                    raise ConfigError(name, why, token)
+        super().__init__(config, model=model, tokenizer=tokenizer)
+
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        return (self.config.high_token, self.config.low_token)
+
+    @property
+    def uses_tokens(self) -> bool:
+        """Whether this run's policy is conditioned (RCTP warm start, or tokens in RL)."""
+        c = self.config
+        return c.warm_start == "rctp" or c.conditioning != "none"
+
+    def _make_task(self):
+        c = self.config
+        return FileSystemEnv(hard_fraction=c.hard_fraction, max_turns=c.max_turns)
+
+    @functools.cached_property
+    def demo_env(self) -> FileSystemEnv:
+        """The warm start's environment: its tasks are hard with ``demo_hard_fraction``."""
+        c = self.config
+        share = c.hard_fraction if c.demo_hard_fraction is None else c.demo_hard_fraction
+        return FileSystemEnv(hard_fraction=share, max_turns=c.max_turns)
+
+    # ------------------------------------------------------------------ warm start
+    def sft_batch(self):
+        """``sft_batch_size`` warm-start episodes from the same stream of demonstrations (a
+        fraction ``demo_error_rate`` of them corrupted): RCTP keeps every one, with its reward
+        token first; SFT keeps the successful ones, with no token."""
+        c, rows = self.config, []
+        env = self.demo_env
+        while len(rows) < c.sft_batch_size:
+            seed = self.problem_rng.randrange(10**6)
+            pairs = env.demonstration(seed, self.problem_rng, error_rate=c.demo_error_rate)
+            if c.warm_start == "sft":
+                if not env.success:
+                    continue
+                token = None
+            else:
+                token = c.high_token if env.success else c.low_token
+            segments = []
+            for k, (obs, call) in enumerate(pairs):
+                prompt = f"{token} {obs}" if token and k == 0 else obs
+                segments += [(prompt, False), (f"{call} </action>", True)]
+            rows.append(segments)
+        return build_segments_batch(self.tokenizer, rows, self.device)
+
+    # ------------------------------------------------------------------ rollout
+    def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, tokens=None):
+        """Episodes as :meth:`AgentTrainer.play`, each with its reward token (``tokens``: one per
+        episode, ``None`` entries for none; default: the evaluation token). ``extras["hard"]``
+        marks the hard family's rows and ``extras["high"]`` the high-conditioned ones."""
+        from .multiturn import rollout_multiturn
+
+        c, n = self.config, len(seeds) * group_size
+        if tokens is None:
+            tokens = [c.high_token if self.uses_tokens else None] * n
+        all_seeds = [s for s in seeds for _ in range(group_size)]
+        envs = [RewardConditionedEnv(self._make_task(), t) for t in tokens]
+        batch = rollout_multiturn(
+            self.model,
+            self.tokenizer,
+            envs,
+            all_seeds,
+            max_turns=c.max_turns,
+            max_action_tokens=c.max_action_tokens,
+            temperature=c.temperature,
+            greedy=greedy,
+            group_ids=torch.arange(len(seeds)).repeat_interleave(group_size),
+            ref_model=ref_model,
+        )
+        hard = [self.task.task_family(s) == "hard" for s in all_seeds]
+        batch.extras["hard"] = torch.tensor(hard, device=batch.input_ids.device)
+        batch.extras["high"] = torch.tensor(
+            [t == c.high_token for t in tokens], device=batch.input_ids.device
+        )
+        return batch
+
+    def rollout(self):
+        """``prompts_per_step`` tasks x ``num_generations`` episodes; the tokens by
+        ``conditioning`` (RC-GRPO: :func:`draw_conditions` from the checkpointed task stream)."""
+        c = self.config
+        seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        tokens = self._draw_tokens(len(seeds), self.problem_rng)
+        return self.play(
+            seeds, group_size=c.num_generations, tokens=tokens, ref_model=self.ref_model
+        )
+
+    def _draw_tokens(self, num_groups: int, rng: random.Random | None = None) -> list:
+        """The reward token of each rollout of ``num_groups`` groups, by ``conditioning``
+        (``rng``: the checkpointed task stream in training; a fixed one in evaluation)."""
+        c, n = self.config, num_groups * self.config.num_generations
+        if c.conditioning != "mixed":
+            return [c.high_token if c.conditioning == "high" else None] * n
+        rng = rng or random.Random(c.seed + 4321)
+        high = draw_conditions(num_groups, c.num_generations, c.p_high, c.token_assignment, rng)
+        return [c.high_token if h else c.low_token for h in high]
+
+    def rollout_metrics(self, batch, keep) -> dict:
+        """The chapter's measurements on every rollout batch: zero-std groups (by family), mean
+        |advantage|, and success under each token."""
+        c, scores, gid = self.config, batch.scores, batch.group_id
+        hard, high, success = batch.extras["hard"], batch.extras["high"], batch.extras["success"]
+
+        def rate(rows):
+            return success[rows].float().mean().item() if rows.any() else None
+
+        adv = group_advantages(scores, gid, scale=c.scale_rewards)
+        return dict(
+            zero_std_easy=zero_std_fraction(scores, gid, ~hard),
+            zero_std_hard=zero_std_fraction(scores, gid, hard),
+            mean_abs_advantage=adv.abs().mean().item(),
+            high_success=rate(high),
+            low_success=rate(~high),
+        )
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Greedy and sampled success on held-out tasks under the evaluation token (high when the
+        run uses tokens), by family; with tokens, sampled success under the low token too and
+        the separation between the two (the epsilon of the variance bound)."""
+        c, seeds, out = self.config, self.eval_problems, {}
+        runs = [("greedy", True, 1, None), ("sampled", False, c.eval_samples, None)]
+        if self.uses_tokens:
+            runs.append(("low", False, c.eval_samples, c.low_token))
+        with _fixed_rng(c.seed + 1234, self.device):
+            for name, greedy, g, token in runs:
+                tokens = None if token is None else [token] * (len(seeds) * g)
+                b = self.play(seeds, group_size=g, greedy=greedy, tokens=tokens)
+                ok, hard = b.extras["success"].float(), b.extras["hard"]
+                out[f"{name}_success"] = ok.mean().item()
+                out[f"{name}_success_easy"] = ok[~hard].mean().item() if (~hard).any() else None
+                out[f"{name}_success_hard"] = ok[hard].mean().item() if hard.any() else None
+                out[f"{name}_format_rate"] = b.format_ok.float().mean().item()
+                out[f"{name}_turns"] = b.extras["num_turns"].float().mean().item()
+            # groups of G on the held-out tasks, tokens drawn as in training: how many would
+            # give no gradient (the same policy under GRPO's and RC-GRPO's sampling)
+            tokens = self._draw_tokens(len(seeds))
+            b = self.play(seeds, group_size=c.num_generations, tokens=tokens)
+            hard = b.extras["hard"]
+            for name, rows in (("", None), ("_easy", ~hard), ("_hard", hard)):
+                out[f"zero_std{name}"] = zero_std_fraction(b.scores, b.group_id, rows)
+        out["separation"] = (
+            out["sampled_success"] - out["low_success"] if self.uses_tokens else None
+        )
+        return out
+
+
+def run_arms(config: RCGRPOConfig, arms: dict[str, dict] = ARMS) -> dict[str, RCGRPOTrainer]:
+    """Train the arms of the lab from shared warm starts: one SFT and one RCTP policy (each
+    trained once with ``config``), then every arm's RL from a copy of its warm start, with the same
+    seed (same tasks, same sampling stream). Returns the trained trainers by arm name; each holds
+    its warm start's ``sft_history``. In memory only: for checkpoints, run one arm per CLI call."""
+    if config.output_dir is not None:
+        raise ConfigError(
+            "output_dir", "run_arms keeps no checkpoints; run one arm per CLI call for that"
+        )
+    starts, out = {}, {}
+    for name, fields in arms.items():
+        arm = dataclasses.replace(config, **fields)
+        if arm.warm_start not in starts:
+            warm = RCGRPOTrainer(arm)
+            warm.sft()
+            starts[arm.warm_start] = warm
+        warm = starts[arm.warm_start]
+        trainer = RCGRPOTrainer(
+            dataclasses.replace(arm, sft_steps=0),
+            model=copy.deepcopy(warm.model),
+            tokenizer=copy.deepcopy(warm.tokenizer),
+        )
+        trainer.sft_history = list(warm.sft_history)
+        trainer.problem_rng.setstate(warm.problem_rng.getstate())  # RL tasks follow the demos'
+        trainer.train()
+        out[name] = trainer
+    return out
+
+
+def run_rcgrpo(config: RCGRPOConfig) -> dict:
+    """The RC-GRPO recipe headless (``python -m agentic_rl rcgrpo``): one arm, resumable."""
+    return run_recipe(RCGRPOTrainer(config))
