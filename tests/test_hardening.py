@@ -33,6 +33,7 @@ from agentic_rl.config import (
     ConfigError,
     GRPOConfig,
     PPOConfig,
+    RCGRPOConfig,
     ReToolConfig,
     StarPOConfig,
     RunError,
@@ -117,6 +118,14 @@ TINY_STARPO = [
     "--num-generations",
     "4",
     "--mini-batch-size",
+    "4",
+]
+TINY_RCGRPO = [
+    *TINY_MODEL,
+    *TINY_AGENT_RUN,
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
     "4",
 ]
 
@@ -248,6 +257,22 @@ CASES = [
     (StarPOConfig, dict(env="frozenlake", max_actions_per_turn=3), "max_action_tokens"),
     (StarPOConfig, dict(entropy_coeff=-0.001), "entropy_coeff"),
     (StarPOConfig, dict(num_generations=1, rollout_filter="top_k"), "num_generations"),
+    (RCGRPOConfig, dict(env="frozenlake"), "env"),
+    (RCGRPOConfig, dict(advantage_estimator="gae"), "advantage_estimator"),
+    (RCGRPOConfig, dict(warm_start="rl"), "warm_start"),
+    (RCGRPOConfig, dict(conditioning="low"), "conditioning"),
+    (RCGRPOConfig, dict(token_assignment="round_robin"), "token_assignment"),
+    (RCGRPOConfig, dict(p_high=0.0), "p_high"),
+    (RCGRPOConfig, dict(p_high=1.0), "p_high"),
+    (RCGRPOConfig, dict(hard_fraction=1.5), "hard_fraction"),
+    (RCGRPOConfig, dict(demo_hard_fraction=-0.1), "demo_hard_fraction"),
+    (RCGRPOConfig, dict(max_turns=3), "max_turns"),
+    (RCGRPOConfig, dict(max_action_tokens=3), "max_action_tokens"),
+    (RCGRPOConfig, dict(high_token="high reward"), "high_token"),
+    (RCGRPOConfig, dict(high_token="mv"), "high_token"),
+    (RCGRPOConfig, dict(low_token=""), "low_token"),
+    (RCGRPOConfig, dict(low_token="<|high_reward|>"), "low_token"),
+    (RCGRPOConfig, dict(num_generations=1), "num_generations"),
 ]
 
 
@@ -266,7 +291,9 @@ def _bad_values(cls):
 
 
 ALL_CASES = CASES + [
-    c for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig) for c in _bad_values(cls)
+    c
+    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig)
+    for c in _bad_values(cls)
 ]
 
 
@@ -296,7 +323,7 @@ def test_assignment_after_construction_is_validated_and_undone(cls, overrides, f
 
 
 def test_valid_configs_and_profiles_still_pass():
-    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig):
+    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig):
         for profile in cls.PROFILES:
             c = cls.from_profile(profile, seed=3)
             c.check_environment()  # the profiles are never refused (memory estimate included)
@@ -424,6 +451,20 @@ def test_cli_ppo_bad_values(capsys, tmp_path):
         assert _assert_one_line_error(code, err).startswith(f"error: {field}: ")
 
 
+def test_cli_rcgrpo_bad_values(capsys):
+    for argv, field in (
+        (["--p-high", "1"], "p_high"),
+        (["--warm-start", "rl"], "warm_start"),
+        (["--high-token", "mv"], "high_token"),
+        (["--low-token", "<|high_reward|>"], "low_token"),
+        (["--demo-hard-fraction", "nan"], "demo_hard_fraction"),
+        (["--advantage-estimator", "gae"], "advantage_estimator"),
+    ):
+        code, _, err = _cli(capsys, "rcgrpo", *argv)
+        assert _assert_one_line_error(code, err).startswith(f"error: {field}: ")
+        assert code == 2
+
+
 def test_cli_subprocess_bad_config_has_no_traceback(tmp_path):
     r = _run("grpo", "--seed", "-1")
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -442,6 +483,7 @@ def test_top_level_help_lists_recipes_with_one_line_each(capsys):
         ("ppo", PPOConfig),
         ("retool", ReToolConfig),
         ("starpo", StarPOConfig),
+        ("rcgrpo", RCGRPOConfig),
     ):
         first = cls.__doc__.strip().splitlines()[0]
         assert any(ln.split() == [name, *first.split()] for ln in out.splitlines()), out
@@ -735,6 +777,7 @@ def _rows(path):
         ("ppo", TINY_PPO),
         ("retool", [*TINY_RETOOL, "--mask-interpreter", "false"]),
         ("starpo", [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"]),
+        ("rcgrpo", TINY_RCGRPO),
     ],
 )
 def test_kill_9_and_resume_is_identical(tmp_path, recipe, argv):
