@@ -29,6 +29,7 @@ FUNCTIONS = {
     "gae": ["gae", "masked_whiten", "value_loss"],
     "retool": ["tool_output_mask", "spurious_logit_gradient", "resample_on_correct"],
     "starpo": ["reward_std_filter", "distinct_per_group", "expected_bandit_gradient"],
+    "rcgrpo": ["draw_conditions", "zero_std_fraction", "expected_group_variance"],
 }
 
 #: a planted bug per chapter (a line of the solution replaced), and what the grader must say
@@ -49,6 +50,12 @@ BUGS = {
                "and a group of 2 (scores 0, 1): the std must be the unbiased one (Bessel's "
                "correction, as torch.std), 0.577 against 0.707, so the group of 2 ranks first: it "
                "kept group(s) [0], expected [1]"),
+    "rcgrpo": ("return (group_size - 1) / group_size * var", "return var",
+               "`expected_group_variance` is wrong for group_size 4, p_high 0.5, success_high 0.9, "
+               "success_low 0.2: it gave 0.2475, the exact expectation is 0.185625. It is G / (G - "
+               "1) = 4/3 times too large: that is the variance of one reward, m (1 - m) with m = p "
+               "qh + (1 - p) ql = 0.55, but sigma^2 is taken around the group's own mean, which "
+               "takes 1/G of it away"),
 }
 
 
