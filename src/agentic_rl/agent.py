@@ -166,14 +166,21 @@ class AgentTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ rollout
     def play(
-        self, seeds: list[int], *, group_size: int = 1, greedy: bool = False, ref_model=None
+        self,
+        seeds: list[int],
+        *,
+        group_size: int = 1,
+        greedy: bool = False,
+        ref_model=None,
+        envs: list | None = None,
     ) -> Batch:
         """Play ``group_size`` episodes on each seed's map with the current policy
-        (a fresh env per episode)."""
+        (a fresh env per episode, or ``envs``, one per episode)."""
         from .multiturn import rollout_multiturn
 
         c = self.config
-        envs = [self._make_task() for _ in range(len(seeds) * group_size)]
+        if envs is None:
+            envs = [self._make_task() for _ in range(len(seeds) * group_size)]
         all_seeds = [s for s in seeds for _ in range(group_size)]
         group_ids = torch.arange(len(seeds)).repeat_interleave(group_size)
         return rollout_multiturn(

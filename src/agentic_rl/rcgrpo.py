@@ -215,25 +215,14 @@ class RCGRPOTrainer(AgentTrainer):
         """Episodes as :meth:`AgentTrainer.play`, each with its reward token (``tokens``: one per
         episode, ``None`` entries for none; default: the evaluation token). ``extras["hard"]``
         marks the hard family's rows and ``extras["high"]`` the high-conditioned ones."""
-        from .multiturn import rollout_multiturn
-
         c, n = self.config, len(seeds) * group_size
         if tokens is None:
             tokens = [c.high_token if self.uses_tokens else None] * n
-        all_seeds = [s for s in seeds for _ in range(group_size)]
         envs = [RewardConditionedEnv(self._make_task(), t) for t in tokens]
-        batch = rollout_multiturn(
-            self.model,
-            self.tokenizer,
-            envs,
-            all_seeds,
-            max_turns=c.max_turns,
-            max_action_tokens=c.max_action_tokens,
-            temperature=c.temperature,
-            greedy=greedy,
-            group_ids=torch.arange(len(seeds)).repeat_interleave(group_size),
-            ref_model=ref_model,
+        batch = super().play(
+            seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=envs
         )
+        all_seeds = [s for s in seeds for _ in range(group_size)]
         hard = [self.task.task_family(s) == "hard" for s in all_seeds]
         batch.extras["hard"] = torch.tensor(hard, device=batch.input_ids.device)
         batch.extras["high"] = torch.tensor(
