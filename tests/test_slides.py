@@ -53,7 +53,7 @@ def test_decks_load_nothing_from_the_network(decks, chapter):
 
 def test_experiment_slides_show_the_lab_figures(decks):
     out, _ = decks
-    for chapter in ("grpo", "gae", "retool", "starpo"):
+    for chapter in ("grpo", "gae", "retool", "starpo", "rcgrpo"):
         assert 'src="data:image/png;base64,' in (out / f"{chapter}.html").read_text()
 
 
