@@ -61,9 +61,13 @@ def stored_outputs(notebook: str, tag: str) -> list[tuple[str, str]]:
     for cell in cells:
         if tag not in cell.get("metadata", {}).get("tags", []):
             continue
+        text = None  # a cell's printed text, in one piece however many chunks the kernel sent
         for out in cell.get("outputs", []):
             if out.get("name") == "stdout":
-                found.append(("text", "".join(out["text"])))
+                if text is None:
+                    text = len(found)
+                    found.append(("text", ""))
+                found[text] = ("text", found[text][1] + "".join(out["text"]))
             elif "image/png" in out.get("data", {}):
                 found.append(("png", out["data"]["image/png"]))
     return found
