@@ -1,14 +1,18 @@
 """What an RC-GRPO step costs, and how much of it the file-system environment takes.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_rcgrpo.py [--repeats 5] [--out bench_rcgrpo.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_rcgrpo.py [--repeats 7] [--out bench_rcgrpo.json]
 
 1. The environment alone (microseconds per call, medians over repeats): reset (task generation),
    one whole expert episode (reset, every call, ``done`` and the state check), the state check
-   alone (the golden replay and the comparison).
+   alone (``score()`` on a finished, successful episode: the golden replay, the results and the
+   comparison of the two trees).
 2. An RC-GRPO step of the quick profile (8 tasks x 8 episodes, tokens drawn per rollout) on the
-   untrained quick model (speed hardly depends on the weights): the rollout, the update, the whole
-   step, and the share of the rollout spent inside the environments' ``step`` (the calls and the
-   final state check), timed by wrapping ``FileSystemEnv.step``. Medians over repeats.
+   untrained quick model (speed hardly depends on the weights): the rollout's wall time (timed
+   around ``trainer.rollout``), the update (the rest of the step), the whole ``grpo_step()``, and
+   the share of the rollout spent in the environment, timed by wrapping ``FileSystemEnv``'s
+   methods: in ``step`` alone (the calls and the final state check), and in all of its work
+   (construction, ``reset``, ``task_family`` and ``step``; nested calls counted once). Medians
+   over repeats, after one warm-up step.
 """
 
 from __future__ import annotations
@@ -50,13 +54,23 @@ def env_costs(repeats: int) -> dict:
 
     def expert_episode(i):
         env.reset(i)
-        for call in env.expert_calls(i):
-            env.step(call)
+        done = False
+        while not done:
+            _, _, done, _ = env.step(env.expert_action())
+
+    finished = []  # successful expert episodes: score() runs the replay and the full comparison
+    for seed in range(64):
+        e = FileSystemEnv()
+        e.reset(seed)
+        done = False
+        while not done:
+            _, _, done, _ = e.step(e.expert_action())
+        assert e.success
+        finished.append(e)
 
     def state_check(i):
-        env.score()
+        finished[i % len(finished)].score()
 
-    env.reset(0)
     return {
         "reset (task generation)": per_call_us(lambda i: env.reset(i), 5000, repeats),
         "expert episode (calls, done, state check)": per_call_us(expert_episode, 2000, repeats),
@@ -64,47 +78,75 @@ def env_costs(repeats: int) -> dict:
     }
 
 
-def step_costs(repeats: int) -> dict:
-    """One RC-GRPO step, split into rollout and update, and the environments' share."""
-    env_seconds = [0.0]
-    original = FileSystemEnv.step
+TIMED = ("__init__", "reset", "task_family", "step")
 
-    def timed_step(self, action_text):
-        t = time.perf_counter()
-        try:
-            return original(self, action_text)
-        finally:
-            env_seconds[0] += time.perf_counter() - t
+
+def step_costs(repeats: int) -> dict:
+    """One RC-GRPO step, split into rollout and update, and the environment's share."""
+    spent = dict.fromkeys(TIMED, 0.0)
+    depth = [0]  # reset calls make_task, task_family too: count the outermost call only
+    originals = {name: getattr(FileSystemEnv, name) for name in TIMED}
+
+    def timed(name):
+        method = originals[name]
+
+        def wrapper(self, *args, **kwargs):
+            depth[0] += 1
+            t = time.perf_counter()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                depth[0] -= 1
+                if depth[0] == 0:
+                    spent[name] += time.perf_counter() - t
+
+        return wrapper
 
     setup(0)
     cfg = RCGRPOConfig.from_profile("quick", sft_steps=0, disable_tqdm=True, device="cpu")
     trainer = RCGRPOTrainer(cfg)
+    rollout_seconds = [0.0]
+    rollout = trainer.rollout
+
+    def timed_rollout():
+        t = time.perf_counter()
+        try:
+            return rollout()
+        finally:
+            rollout_seconds[0] = time.perf_counter() - t
+
+    trainer.rollout = timed_rollout
     trainer.grpo_step()  # warm-up
-    rollout, update, steps, env_share = [], [], [], []
-    FileSystemEnv.step = timed_step
+    rollouts, updates, steps, step_share, env_share = [], [], [], [], []
+    for name in TIMED:
+        setattr(FileSystemEnv, name, timed(name))
     try:
         for _ in range(repeats):
-            env_seconds[0] = 0.0
-            row = trainer.grpo_step()
-            rows = cfg.prompts_per_step * cfg.num_generations
-            t_rollout = row["completion_length"] * rows / row["tokens_per_s"]
-            rollout.append(t_rollout * 1e3)
-            update.append((row["step_time"] - t_rollout) * 1e3)
-            steps.append(row["step_time"] * 1e3)
-            env_share.append(env_seconds[0] / t_rollout)
+            spent.update(dict.fromkeys(TIMED, 0.0))
+            t = time.perf_counter()
+            trainer.grpo_step()
+            t_step = time.perf_counter() - t
+            t_rollout = rollout_seconds[0]
+            rollouts.append(t_rollout * 1e3)
+            updates.append((t_step - t_rollout) * 1e3)
+            steps.append(t_step * 1e3)
+            step_share.append(spent["step"] / t_rollout)
+            env_share.append(sum(spent.values()) / t_rollout)
     finally:
-        FileSystemEnv.step = original
+        for name, method in originals.items():
+            setattr(FileSystemEnv, name, method)
     return {
-        "rollout ms": statistics.median(rollout),
-        "update ms": statistics.median(update),
+        "rollout ms": statistics.median(rollouts),
+        "update ms": statistics.median(updates),
         "step ms": statistics.median(steps),
-        "env share of the rollout": statistics.median(env_share),
+        "env.step share of the rollout": statistics.median(step_share),
+        "all env work share of the rollout": statistics.median(env_share),
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -131,7 +173,11 @@ def main() -> None:
         f"  rollout {s['rollout ms']:.0f} ms, update {s['update ms']:.0f} ms, "
         f"step {s['step ms']:.0f} ms"
     )
-    print(f"  environment share of the rollout: {100 * s['env share of the rollout']:.1f} %")
+    print(
+        f"  share of the rollout in env.step (calls + state check): "
+        f"{100 * s['env.step share of the rollout']:.1f} %; in all env work (construction, "
+        f"reset, task_family, step): {100 * s['all env work share of the rollout']:.1f} %"
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(result, f, indent=1)

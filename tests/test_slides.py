@@ -61,3 +61,16 @@ def test_equations_are_numbered_as_in_the_chapter(decks):
     page = (decks[0] / "grpo.html").read_text()
     number = build_slides.chapter_number("grpo")  # the website numbers equations (chapter.k)
     assert f'<span class="eqno">({number}.1)</span>' in page and "\\hat A_i" in page
+
+
+@pytest.mark.parametrize("chapter", ["starpo", "rcgrpo"])
+def test_math_directive_equations_are_numbered(decks, chapter):
+    """Chapters that write ```{math} with :label: (not $$ ... $$ (label)) get their equations."""
+    source = (ROOT / "book" / f"{chapter}.md").read_text()
+    labels = re.findall(r"^```\{math\}\n:label: (\S+)", source, flags=re.MULTILINE)
+    assert labels, f"{chapter} has no labelled {{math}} equation"
+    page = (decks[0] / f"{chapter}.html").read_text()
+    number = build_slides.chapter_number(chapter)
+    for k in range(1, len(labels) + 1):
+        assert f'<span class="eqno">({number}.{k})</span>' in page
+    assert ":label:" not in page

@@ -8,7 +8,7 @@ What goes on the slides, in the chapter's order:
 - a title slide: the title, the opening paragraph, the learning objectives and the prerequisites;
 - one slide per ``##`` section (and one per ``###`` subsection): the first sentence of each
   paragraph as a bullet, the first line of each list item, every display equation with its
-  number, tables;
+  number (``$$ ... $$ (label)`` or a ``{math}`` directive with ``:label:``), tables;
 - one slide per ``Algorithm`` admonition (the pseudocode box), whole;
 - on "The experiment": the figures the chapter shows from its lab, read from the stored outputs of
   the lab notebook's cells tagged ``chapter-figure`` and inlined as PNG data.
@@ -109,6 +109,12 @@ def _blocks(text: str) -> list[tuple[str, object]]:
             body = "\n".join(lines[i + 1:j])
             if directive == "{code-cell}":
                 out.append(("code", body))
+            elif directive == "{math}":  # a labelled display equation: ```{math} + :label: x
+                options = dict(re.findall(r"^\s*:([\w-]+):\s*(.*?)\s*$", body, flags=re.MULTILINE))
+                latex = "\n".join(
+                    [arg] * bool(arg) + [ln for ln in body.splitlines()
+                                         if not re.match(r"^\s*:[\w-]+:", ln)])
+                out.append(("math", (latex.strip(), options.get("label"))))
             elif directive == "{admonition}":
                 body = "\n".join(ln for ln in body.splitlines() if not ln.startswith(":class:"))
                 out.append(("admonition", (arg, body.strip())))
