@@ -222,8 +222,7 @@ class RCGRPOTrainer(AgentTrainer):
         batch = super().play(
             seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=envs
         )
-        all_seeds = [s for s in seeds for _ in range(group_size)]
-        hard = [self.task.task_family(s) == "hard" for s in all_seeds]
+        hard = [env.task["family"] == "hard" for env in envs]  # each env reset to its task
         batch.extras["hard"] = torch.tensor(hard, device=batch.input_ids.device)
         batch.extras["high"] = torch.tensor(
             [t == c.high_token for t in tokens], device=batch.input_ids.device
@@ -273,7 +272,7 @@ class RCGRPOTrainer(AgentTrainer):
     def evaluate(self) -> dict:
         """Greedy and sampled success on held-out tasks under the evaluation token (high when the
         run uses tokens), by family; with tokens, sampled success under the low token too and
-        the separation between the two (the epsilon of the variance bound)."""
+        the separation between the two (the Delta of the variance bound)."""
         c, seeds, out = self.config, self.eval_problems, {}
         runs = [("greedy", True, 1, None), ("sampled", False, c.eval_samples, None)]
         if self.uses_tokens:
