@@ -31,6 +31,7 @@ from agentic_rl.cli import main
 from agentic_rl.config import (
     TINY_MAX_POSITIONS,
     ConfigError,
+    GCDConfig,
     GRPOConfig,
     PPOConfig,
     RCGRPOConfig,
@@ -127,6 +128,21 @@ TINY_RCGRPO = [
     "2",
     "--num-generations",
     "4",
+]
+
+TINY_GCD = [
+    *TINY_MODEL,
+    *TINY_AGENT_RUN,
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
+    "4",
+    "--judge-weight",
+    "0.5",
+    "--coupling-every",
+    "2",
+    "--num-probes",
+    "2",
 ]
 
 
@@ -273,6 +289,21 @@ CASES = [
     (RCGRPOConfig, dict(low_token=""), "low_token"),
     (RCGRPOConfig, dict(low_token="<|high_reward|>"), "low_token"),
     (RCGRPOConfig, dict(num_generations=1), "num_generations"),
+    (GCDConfig, dict(env="filesystem"), "env"),
+    (GCDConfig, dict(advantage_estimator="gae"), "advantage_estimator"),
+    (GCDConfig, dict(judge_weight=-0.1), "judge_weight"),
+    (GCDConfig, dict(judge_labels="process"), "judge_labels"),
+    (GCDConfig, dict(clean_fraction=1.5), "clean_fraction"),
+    (GCDConfig, dict(slack=-1), "slack"),
+    (GCDConfig, dict(slack=3), "max_turns"),
+    (GCDConfig, dict(max_turns=7), "max_turns"),
+    (GCDConfig, dict(max_action_tokens=4), "max_action_tokens"),
+    (GCDConfig, dict(coupling_every=-1), "coupling_every"),
+    (GCDConfig, dict(num_probes=0), "num_probes"),
+    (GCDConfig, dict(good_token="take"), "good_token"),
+    (GCDConfig, dict(good_token="very good"), "good_token"),
+    (GCDConfig, dict(bad_token="<|good|>"), "bad_token"),
+    (GCDConfig, dict(num_generations=1), "num_generations"),
 ]
 
 
@@ -292,7 +323,7 @@ def _bad_values(cls):
 
 ALL_CASES = CASES + [
     c
-    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig)
+    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)
     for c in _bad_values(cls)
 ]
 
@@ -323,7 +354,7 @@ def test_assignment_after_construction_is_validated_and_undone(cls, overrides, f
 
 
 def test_valid_configs_and_profiles_still_pass():
-    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig):
+    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig):
         for profile in cls.PROFILES:
             c = cls.from_profile(profile, seed=3)
             c.check_environment()  # the profiles are never refused (memory estimate included)
@@ -465,6 +496,20 @@ def test_cli_rcgrpo_bad_values(capsys):
         assert code == 2
 
 
+def test_cli_gcd_bad_values(capsys):
+    for argv, field in (
+        (["--judge-weight", "-1"], "judge_weight"),
+        (["--judge-weight", "nan"], "judge_weight"),
+        (["--judge-labels", "process"], "judge_labels"),
+        (["--good-token", "look"], "good_token"),
+        (["--slack", "5"], "max_turns"),
+        (["--env", "sokoban"], "env"),
+    ):
+        code, _, err = _cli(capsys, "gcd", *argv)
+        assert _assert_one_line_error(code, err).startswith(f"error: {field}: ")
+        assert code == 2
+
+
 def test_cli_subprocess_bad_config_has_no_traceback(tmp_path):
     r = _run("grpo", "--seed", "-1")
     assert r.returncode == 2 and "Traceback" not in r.stderr
@@ -484,6 +529,7 @@ def test_top_level_help_lists_recipes_with_one_line_each(capsys):
         ("retool", ReToolConfig),
         ("starpo", StarPOConfig),
         ("rcgrpo", RCGRPOConfig),
+        ("gcd", GCDConfig),
     ):
         first = cls.__doc__.strip().splitlines()[0]
         assert any(ln.split() == [name, *first.split()] for ln in out.splitlines()), out
@@ -778,6 +824,7 @@ def _rows(path):
         ("retool", [*TINY_RETOOL, "--mask-interpreter", "false"]),
         ("starpo", [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"]),
         ("rcgrpo", TINY_RCGRPO),
+        ("gcd", TINY_GCD),
     ],
 )
 def test_kill_9_and_resume_is_identical(tmp_path, recipe, argv):

@@ -246,8 +246,10 @@ class AgentTrainer(GRPOTrainer):
             advantages = masked_whiten(advantages, mask)
         return advantages
 
-    def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        loss, metrics = super().compute_loss(batch, advantages)
+    def compute_loss(
+        self, batch: Batch, advantages: torch.Tensor, *, outputs: tuple | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        loss, metrics = super().compute_loss(batch, advantages, outputs=outputs)
         metrics["num_turns"] = batch.extras["num_turns"].float().mean().item()
         metrics["success_rate"] = batch.extras["success"].float().mean().item()
         if self.critic is None:

@@ -18,6 +18,7 @@ import sys
 
 from .config import (
     ConfigError,
+    GCDConfig,
     GRPOConfig,
     PPOConfig,
     RCGRPOConfig,
@@ -28,6 +29,7 @@ from .config import (
 )
 
 RECIPES = {
+    "gcd": GCDConfig,
     "grpo": GRPOConfig,
     "ppo": PPOConfig,
     "rcgrpo": RCGRPOConfig,
@@ -82,6 +84,8 @@ def main(argv: list[str] | None = None) -> int:
             from .retool import ReToolTrainer as Trainer
         elif recipe == "rcgrpo":
             from .rcgrpo import RCGRPOTrainer as Trainer
+        elif recipe == "gcd":
+            from .gcd import GCDTrainer as Trainer
         else:
             from .starpo import StarPOTrainer as Trainer
         from .train import run_recipe

@@ -29,6 +29,7 @@ __all__ = [
     "ReToolConfig",
     "StarPOConfig",
     "RCGRPOConfig",
+    "GCDConfig",
     "PROFILES",
     "RunError",
     "ConfigError",
@@ -338,6 +339,20 @@ class RLConfig:
         known = dev in ("auto", "cpu", "cuda", "mps") or re.fullmatch(r"cuda:\d+", dev)
         if not known:
             bad("device", "must be 'auto', 'cpu', 'cuda', 'cuda:N' or 'mps'")
+
+    def _check_new_tokens(self, names: tuple[str, str], env_words: list[str]) -> None:
+        """Two fields naming special tokens a recipe adds: each one new word, and different."""
+        from .models import CHAT_WORDS, SPECIAL_TOKENS
+
+        words = set(env_words) | set(SPECIAL_TOKENS) | set(CHAT_WORDS)
+        for name in names:
+            token = getattr(self, name)
+            if not token or any(ch.isspace() for ch in token):
+                self._bad(name, "must be one non-empty word (it becomes one special token)")
+            if token in words:
+                self._bad(name, "is already a word or special token: the token must be new")
+        if getattr(self, names[0]) == getattr(self, names[1]):
+            self._bad(names[1], f"must differ from {names[0]}")
 
     def _check_profile_applied(self) -> None:
         # GRPOConfig(profile="full") alone would be labelled full but keep the quick model: refused.
@@ -1043,23 +1058,114 @@ class RCGRPOConfig(PPOConfig):
         if self.max_action_tokens < 4:
             self._bad("max_action_tokens", "must be >= 4 (a name, two arguments, the stop word)")
         from .envs import FileSystemEnv
-        from .models import CHAT_WORDS, SPECIAL_TOKENS
 
-        words = set(FileSystemEnv().vocabulary()) | set(SPECIAL_TOKENS) | set(CHAT_WORDS)
-        for name in ("high_token", "low_token"):
-            token = getattr(self, name)
-            if not token or any(ch.isspace() for ch in token):
-                self._bad(name, "must be one non-empty word (it becomes one special token)")
-            if token in words:
-                self._bad(name, "is already a word or special token: a reward token must be new")
-        if self.high_token == self.low_token:
-            self._bad("low_token", "must differ from high_token")
+        self._check_new_tokens(("high_token", "low_token"), FileSystemEnv().vocabulary())
 
     _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
 
     def min_sequence_tokens(self) -> int:
         # the reward token, the task's first observation (at most 14 words) and one call
         return 1 + 14 + self.max_action_tokens
+
+
+@dataclass
+class GCDConfig(PPOConfig):
+    """GRPO with GCD: the actor also learns to judge its own actions good or bad."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("household",)
+
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(
+            hidden_size=256,
+            num_hidden_layers=4,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            intermediate_size=1024,
+            sft_steps=1500,
+            max_steps=200,
+            prompts_per_step=32,
+            eval_size=256,
+            num_probes=64,
+        ),
+    }
+
+    # --- defaults that differ from the PPO recipe
+    env: str = _f("household", "Environment: 'household' (ALFWorld-style tasks).")
+    advantage_estimator: str = _f("grpo", "GCD is added to GRPO: 'grpo' only.")
+    num_generations: int = _f(8, "G: rollouts per task (the group).")
+    prompts_per_step: int = _f(8, "Tasks (episode seeds) per RL step.")
+    num_minibatches: int = _f(1, "Gradient steps per rollout batch (1: on-policy, as GRPO).")
+    loss_type: str = _f("grpo", "Loss aggregation (see the GRPO recipe).")
+    log_kl: bool = _f(False, "Keep pi_ref only to log the KL (off: one forward pass less).")
+    learning_rate: float = _f(3e-4, "Policy learning rate (AdamW).")
+    sft_steps: int = _f(500, "SFT steps on the mixed-quality teacher's episodes before RL.")
+    sft_learning_rate: float = _f(3e-3, "SFT learning rate.")
+    max_steps: int = _f(30, "RL steps (one rollout batch each).")
+    eval_size: int = _f(64, "Held-out tasks per split (in-domain and out-of-domain).")
+    max_turns: int = _f(8, "Cap on an episode's turns (each task's budget: its plan + slack).")
+    max_action_tokens: int = _f(5, "Tokens of one action: 'take mug from table' and the stop word.")
+    demo_error_rate: float = _f(
+        0.1,
+        "Per turn, the chance that the SFT teacher takes a flawed action (then recovers): the "
+        "flawed actions that RL has to unlearn.",
+    )
+    # --- the environment
+    clean_fraction: float = _f(0.5, "Share of 'put clean O in T' goals (6 actions; 'put': 4).")
+    slack: int = _f(2, "Turns of each task's budget beyond the optimal plan.")
+    hint: bool = _f(
+        False,
+        "Prompt-based correction: the first observation ends with 'hint : avoid ...', naming the "
+        "receptacles that are not the target.",
+    )
+    # --- GCD
+    judge_weight: float = _f(
+        0.0,
+        "lambda: weight of the judgement loss (generative classification of each action as good "
+        "or bad); 0 is plain GRPO.",
+    )
+    judge_labels: str = _f(
+        "outcome",
+        "Label of each action for the judgement: 'outcome' (the episode's success), 'advantage' "
+        "(the sign of its GRPO advantage; 0: no label) or 'oracle' (the environment's own "
+        "flawed-action flag, which the paper does not have). The paper's rule is unknown.",
+    )
+    good_token: str = _f("<|good|>", "The special token of the judgement 'good'.")
+    bad_token: str = _f("<|bad|>", "The special token of the judgement 'bad'.")
+    coupling_every: int = _f(
+        10, "Measure gradient coupling on the probe pairs every this many RL steps (0: off)."
+    )
+    num_probes: int = _f(16, "Probe pairs (one action, good in one state, flawed in another).")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.advantage_estimator != "grpo":
+            self._bad("advantage_estimator", "GCD is added to GRPO: use 'grpo'")
+        if not 0.0 <= self.clean_fraction <= 1.0:
+            self._bad("clean_fraction", "must be in [0, 1]")
+        if self.slack < 0:
+            self._bad("slack", "must be >= 0")
+        if self.max_turns < 6 + self.slack:
+            self._bad("max_turns", "must be >= 6 + slack (a 'put clean' task's plan is 6 actions)")
+        if self.max_action_tokens < 5:
+            self._bad("max_action_tokens", "must be >= 5 (four words and the stop word)")
+        if not (self.judge_weight >= 0 and math.isfinite(self.judge_weight)):
+            self._bad("judge_weight", "must be >= 0 and finite")
+        if self.judge_labels not in ("outcome", "advantage", "oracle"):
+            self._bad("judge_labels", "must be 'outcome', 'advantage' or 'oracle'")
+        if self.coupling_every < 0:
+            self._bad("coupling_every", "must be >= 0 (0: off)")
+        if self.num_probes < 1:
+            self._bad("num_probes", "must be >= 1")
+        from .envs import HouseholdEnv
+
+        self._check_new_tokens(("good_token", "bad_token"), HouseholdEnv().vocabulary())
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
+
+    def min_sequence_tokens(self) -> int:
+        # the first observation (at most 37 words with the hint) and one action
+        return 38 + self.max_action_tokens
 
 
 #: The GRPO recipe's profiles (kept as a module name for convenience).

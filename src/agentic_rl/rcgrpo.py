@@ -24,8 +24,6 @@ here, ``token_assignment``); the token's position, ``p``, and the hyperparameter
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import functools
 import random
 
@@ -37,6 +35,7 @@ from .config import ConfigError, RCGRPOConfig
 from .envs import FileSystemEnv
 from .rollout import build_segments_batch
 from .train import _fixed_rng, run_recipe
+from .train import run_arms as train_arms
 
 __all__ = [
     "ARMS",
@@ -301,32 +300,10 @@ class RCGRPOTrainer(AgentTrainer):
 
 
 def run_arms(config: RCGRPOConfig, arms: dict[str, dict] = ARMS) -> dict[str, RCGRPOTrainer]:
-    """Train the arms of the lab from shared warm starts: one SFT and one RCTP policy (each
-    trained once with ``config``), then every arm's RL from a copy of its warm start, with the same
-    seed (same tasks, same sampling stream). Returns the trained trainers by arm name; each holds
-    its warm start's ``sft_history``. In memory only: for checkpoints, run one arm per CLI call."""
-    if config.output_dir is not None:
-        raise ConfigError(
-            "output_dir", "run_arms keeps no checkpoints; run one arm per CLI call for that"
-        )
-    starts, out = {}, {}
-    for name, fields in arms.items():
-        arm = dataclasses.replace(config, **fields)
-        if arm.warm_start not in starts:
-            warm = RCGRPOTrainer(arm)
-            warm.sft()
-            starts[arm.warm_start] = warm
-        warm = starts[arm.warm_start]
-        trainer = RCGRPOTrainer(
-            dataclasses.replace(arm, sft_steps=0),
-            model=copy.deepcopy(warm.model),
-            tokenizer=copy.deepcopy(warm.tokenizer),
-        )
-        trainer.sft_history = list(warm.sft_history)
-        trainer.problem_rng.setstate(warm.problem_rng.getstate())  # RL tasks follow the demos'
-        trainer.train()
-        out[name] = trainer
-    return out
+    """Train the arms of the lab from shared warm starts (:func:`agentic_rl.train.run_arms`): one
+    SFT and one RCTP policy, each trained once with ``config``, then every arm's RL from a copy
+    of its warm start. Returns the trained trainers by arm name."""
+    return train_arms(RCGRPOTrainer, config, arms, start_fields=("warm_start",))
 
 
 def run_rcgrpo(config: RCGRPOConfig) -> dict:

@@ -139,12 +139,15 @@ def sequence_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    with_logits: bool = False,
 ):
     """Per-token log-probs ``[B, T]`` (column 0 is 0) of ``input_ids`` under ``model``
     at ``temperature``.
 
     With ``with_entropy=True`` also returns the entropy ``[B, T]`` of the distribution each token
-    was drawn from. Gradients flow unless called under ``torch.no_grad()``.
+    was drawn from; with ``with_logits=True`` also (last) the model's raw logits ``[B, T, V]``
+    (column ``t`` predicts token ``t + 1``), for a loss that reads other tokens from the same
+    forward pass (GCD's judgement). Gradients flow unless called under ``torch.no_grad()``.
     """
     out = model(
         input_ids=input_ids,
@@ -154,10 +157,12 @@ def sequence_logprobs(
     logits = out.logits[:, :-1] / temperature
     logp = token_logprobs(logits, input_ids[:, 1:])
     logp = torch.nn.functional.pad(logp, (1, 0), value=0.0)
-    if not with_entropy:
-        return logp
-    ent = torch.nn.functional.pad(entropy_from_logits(logits), (1, 0), value=0.0)
-    return logp, ent
+    results = (logp,)
+    if with_entropy:
+        results += (torch.nn.functional.pad(entropy_from_logits(logits), (1, 0), value=0.0),)
+    if with_logits:
+        results += (out.logits,)
+    return results[0] if len(results) == 1 else results
 
 
 def _completion_mask(

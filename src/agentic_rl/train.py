@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -89,6 +90,7 @@ __all__ = [
     "write_csv",
     "run_recipe",
     "run_grpo",
+    "run_arms",
     "preflight",
 ]
 
@@ -373,11 +375,14 @@ class GRPOTrainer:
         adv = group_advantages(batch.scores, batch.group_id, scale=self.config.scale_rewards)
         return adv[:, None] * batch.loss_mask
 
-    def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    def compute_loss(
+        self, batch: Batch, advantages: torch.Tensor, *, outputs: tuple | None = None
+    ) -> tuple[torch.Tensor, dict]:
         """Clipped surrogate (eq. grpo-obj) plus ``beta`` times the KL estimate,
-        aggregated by ``loss_type``."""
+        aggregated by ``loss_type``. ``outputs``: the policy's ``(logprobs, entropy)`` of this
+        batch when the caller already ran the forward pass (a subclass adding a loss on it)."""
         c = self.config
-        logprobs, entropy = sequence_logprobs(
+        logprobs, entropy = outputs or sequence_logprobs(
             self.model,
             batch.input_ids,
             batch.attention_mask,
@@ -795,6 +800,40 @@ def run_recipe(trainer: GRPOTrainer) -> dict:
                 json.dump(summary, fh, indent=2)
             os.replace(tmp, os.path.join(out, "summary.json"))
     return summary
+
+
+def run_arms(
+    trainer_cls, config: GRPOConfig, arms: dict[str, dict], *, start_fields: tuple[str, ...] = ()
+) -> dict:
+    """Train the arms of a lab from shared warm starts: ``arms`` maps an arm's name to the config
+    fields it changes; arms that agree on ``start_fields`` share one warm start (SFT, trained once
+    with the first such arm's config). Every arm's RL then starts from a copy of its warm start,
+    with the same seed (same tasks, same sampling stream: the task stream continues from where the
+    warm start left it). Returns the trained trainers by arm name; each holds its warm start's
+    ``sft_history``. In memory only: for checkpoints, run one arm per CLI call."""
+    if config.output_dir is not None:
+        raise ConfigError(
+            "output_dir", "run_arms keeps no checkpoints; run one arm per CLI call for that"
+        )
+    starts, out = {}, {}
+    for name, fields in arms.items():
+        arm = dataclasses.replace(config, **fields)
+        key = tuple(getattr(arm, f) for f in start_fields)
+        if key not in starts:
+            warm = trainer_cls(arm)
+            warm.sft()
+            starts[key] = warm
+        warm = starts[key]
+        trainer = trainer_cls(
+            dataclasses.replace(arm, sft_steps=0),
+            model=copy.deepcopy(warm.model),
+            tokenizer=copy.deepcopy(warm.tokenizer),
+        )
+        trainer.sft_history = list(warm.sft_history)
+        trainer.problem_rng.setstate(warm.problem_rng.getstate())  # RL tasks follow the demos'
+        trainer.train()
+        out[name] = trainer
+    return out
 
 
 def run_grpo(config: GRPOConfig) -> dict:

@@ -10,6 +10,7 @@ from .bandit import BanditEnv
 from .base import MultiTurnEnv, Problem, Score, Task
 from .filesystem import FileSystemEnv
 from .frozenlake import FrozenLakeEnv
+from .household import HouseholdEnv
 from .multiaction import MultiActionEnv
 from .multiply import MultiplyEnv
 from .sokoban import SokobanEnv
@@ -19,6 +20,7 @@ ENVS = {
     "bandit": BanditEnv,
     "filesystem": FileSystemEnv,
     "frozenlake": FrozenLakeEnv,
+    "household": HouseholdEnv,
     "multiply": MultiplyEnv,
     "sokoban": SokobanEnv,
 }
@@ -45,6 +47,7 @@ __all__ = [
     "ENVS",
     "FileSystemEnv",
     "FrozenLakeEnv",
+    "HouseholdEnv",
     "MultiActionEnv",
     "MultiTurnEnv",
     "MultiplyEnv",

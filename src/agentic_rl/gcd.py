@@ -1,0 +1,364 @@
+"""GCD (Liu et al. 2025): why flawed actions survive outcome-reward GRPO, and a classification loss.
+
+The paper's argument has three parts, and this module gives each a function:
+
+1. **Lemma 3.1**: an outcome reward does punish a flawed action in expectation. If an action taken
+   with probability ``q`` lowers the success probability by ``r``, its expected advantage weight is
+   ``E[A 1{a}] = q r (q - 1) < 0`` (:func:`lemma_value`); :func:`simulate_risky_action` checks it by
+   Monte Carlo with GRPO's own group advantages (whose group mean includes the sample itself, which
+   scales the value by ``(G - 1) / G``).
+2. **Theorem 3.2's setting**, a softmax over three actions: :func:`softmax_policy_gradient` follows
+   the exact expected policy gradient, where the *squeezing effect* shows (a milder flawed action
+   can gain probability while the worst one is pushed down).
+3. **Gradient coupling**: measured by :mod:`agentic_rl.coupling` on the probe pairs of
+   :func:`coupling_probes` (one action, good after state A, flawed after the near-identical B).
+
+**GCD** (generative classification disentanglement) trains the same model to judge each of its
+actions: right after an action's last token, the model's next token is trained to be
+``<|good|>`` or ``<|bad|>`` (cross-entropy over the whole vocabulary: a *generative* classifier,
+eq. gcd-loss), with weight ``lambda`` next to the GRPO loss. The judgement is read from the same
+forward pass as the policy loss; the rollout never samples at that position (the environment's
+next observation follows the action), so the policy is not asked to emit it.
+
+What is the paper's and what is reconstructed (``reference/algorithms.md`` sections 6 and 15): the
+Lemma and the coupling hypothesis are the paper's; the exact GCD loss, its prompt, its labels and
+its weight are not published in any source reachable here. The label rules (``judge_labels``:
+the episode's outcome, the sign of its advantage, or the environment's flawed-action flag) and the
+position of the judgement are this book's choices. The paper was withdrawn from ICLR 2026.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+
+import torch
+
+from . import coupling
+from .advantages import group_advantages
+from .agent import AgentTrainer
+from .config import GCDConfig
+from .envs import HouseholdEnv
+from .envs.household import RECEPTACLES, counterfactual_goal
+from .rollout import Batch, build_segments_batch, sequence_logprobs
+from .train import _fixed_rng, run_arms, run_recipe
+
+__all__ = [
+    "ARMS",
+    "GCDTrainer",
+    "COUPLING_KEYS",
+    "coupling_probes",
+    "judgement_labels",
+    "judgement_loss",
+    "lemma_value",
+    "measure_coupling",
+    "run_gcd",
+    "run_gcd_arms",
+    "simulate_risky_action",
+    "softmax_policy_gradient",
+]
+
+#: The lab's arms: plain GRPO and GRPO + GCD at two weights, from the same SFT start.
+ARMS: dict[str, dict] = {
+    "GRPO": dict(judge_weight=0.0),
+    "GCD 0.1": dict(judge_weight=0.1),
+    "GCD 0.5": dict(judge_weight=0.5),
+}
+
+
+# ---------------------------------------------------------------------- Lemma 3.1
+def lemma_value(q: float, r: float, group_size: int | None = None) -> float:
+    """``E[A 1{a}] = q r (q - 1)`` (Lemma 3.1, eq. gcd-lemma): the expected advantage weight of an
+    action taken with probability ``q`` that lowers the success probability by ``r``, for a
+    baseline equal to the expected reward. With ``group_size`` G: GRPO's mean-centred advantage,
+    whose baseline (the group mean) includes the sample itself, which gives ``(G - 1) / G`` of it."""
+    value = q * r * (q - 1)
+    return value if group_size is None else value * (group_size - 1) / group_size
+
+
+def simulate_risky_action(
+    p: float,
+    r: float,
+    q: float,
+    *,
+    group_size: int = 8,
+    groups: int = 20_000,
+    baseline: str = "group",
+    scale: str = "none",
+    seed: int = 0,
+) -> float:
+    """Monte Carlo estimate of ``E[A 1{a}]``: in each of ``groups`` groups of ``group_size``
+    episodes, each episode takes the risky action with probability ``q`` and then succeeds with
+    probability ``p - r`` (``p`` without it); reward 1 on success. ``baseline="group"``: GRPO's
+    advantage (:func:`agentic_rl.advantages.group_advantages` with ``scale``); ``"expected"``:
+    ``R - E[R]`` with the true ``E[R] = p - q r``."""
+    if not (0 <= r <= p <= 1 and 0 <= q <= 1):
+        raise ValueError(f"need 0 <= r <= p <= 1 and 0 <= q <= 1, got p={p}, r={r}, q={q}")
+    gen = torch.Generator().manual_seed(seed)
+    risky = torch.rand(groups, group_size, generator=gen, dtype=torch.float64) < q
+    chance = torch.where(risky, p - r, p)
+    rewards = (torch.rand(groups, group_size, generator=gen, dtype=torch.float64) < chance).double()
+    if baseline == "expected":
+        advantages = rewards - (p - q * r)
+    elif baseline == "group":
+        ids = torch.arange(groups).repeat_interleave(group_size)
+        advantages = group_advantages(rewards.flatten(), ids, scale=scale).view(groups, group_size)
+    else:
+        raise ValueError(f"baseline must be 'group' or 'expected', got {baseline!r}")
+    return (advantages * risky).mean().item()
+
+
+def softmax_policy_gradient(logits, success, *, lr: float = 1.0, steps: int = 100) -> torch.Tensor:
+    """Theorem 3.2's setting: a softmax policy over K actions with success probabilities
+    ``success``, moved by the exact expected policy gradient with the expected reward as baseline,
+    ``z <- z + lr * pi * (s - pi . s)`` (eq. gcd-softmax). Returns the probabilities ``[steps + 1,
+    K]``, the start included."""
+    z = torch.as_tensor(logits, dtype=torch.float64).clone()
+    s = torch.as_tensor(success, dtype=torch.float64)
+    if z.shape != s.shape or z.ndim != 1:
+        raise ValueError("logits and success must be two vectors of the same length")
+    out = [torch.softmax(z, 0)]
+    for _ in range(steps):
+        pi = out[-1]
+        z = z + lr * pi * (s - (pi * s).sum())
+        out.append(torch.softmax(z, 0))
+    return torch.stack(out)
+
+
+# ---------------------------------------------------------------------- coupling probes
+def coupling_probes(
+    tokenizer, seeds: list[int], *, env: HouseholdEnv | None = None, device=None
+) -> tuple[Batch, Batch]:
+    """Probe pairs for :mod:`agentic_rl.coupling`: for each seed, the expert's episode up to an
+    action that depends on the goal's target (the final ``put O in T`` for even seeds, the
+    ``go to T`` before it for odd ones). Row ``i`` of the first batch is that history and action
+    (good); row ``i`` of the second is the same text with only the goal's target changed to
+    another receptacle, where the same action is flawed.
+
+    Only the action's decisive token, its last word ``T``, has ``loss_mask`` 1: the words before
+    it (``put O in``) are right in both states, and would otherwise dominate ``log pi(a|s)`` with
+    a coupling that is no flaw."""
+    env = env or HouseholdEnv()
+    rows_a, rows_b = [], []
+    for seed in seeds:
+        pairs = env.demonstration(seed, random.Random(seed), 0.0)
+        k = len(pairs) - 1 if seed % 2 == 0 else len(pairs) - 2
+        target = env.task["target"]
+        other = [r for r in RECEPTACLES if r != target][seed % (len(RECEPTACLES) - 1)]
+        first_b = counterfactual_goal(pairs[0][0], env.task, other)
+        for first, rows in ((pairs[0][0], rows_a), (first_b, rows_b)):
+            segments = []
+            for j, (obs, action) in enumerate(pairs[:k]):
+                segments += [(first if j == 0 else obs, False), (f"{action} </action>", False)]
+            *lead, decisive = pairs[k][1].split()
+            segments += [(pairs[k][0], False), (" ".join(lead), False), (decisive, True)]
+            rows.append(segments)
+    return build_segments_batch(tokenizer, rows_a, device), build_segments_batch(
+        tokenizer, rows_b, device
+    )
+
+
+#: What :func:`measure_coupling` returns.
+COUPLING_KEYS = ("grad_cos", "hidden_cos", "state_cos", "spill")
+
+
+def measure_coupling(model, probes: tuple[Batch, Batch], *, lr: float = 0.01) -> dict:
+    """The coupling measurements on probe pairs, averaged over pairs: ``grad_cos`` (eq.
+    gcd-cos), ``hidden_cos`` (centred, at the decisive token), ``state_cos`` (centred, at the token
+    it is chosen from) and ``spill``: the share of pairs whose flawed action in B *gained*
+    probability from one SGD step on the A rows (eq. gcd-spill). The share, not the ratio of the
+    changes: where the policy is already sure in A, the change there is tiny and the ratio says
+    more about that than about coupling."""
+    a, b = probes
+    moved = coupling.spillover(model, a, b, lr=lr)
+    return dict(
+        grad_cos=coupling.gradient_cosine(model, a, b).mean().item(),
+        hidden_cos=coupling.hidden_cosine(model, a, b, at="action").mean().item(),
+        state_cos=coupling.hidden_cosine(model, a, b, at="state").mean().item(),
+        spill=(moved["delta_b"] > 0).float().mean().item(),
+    )
+
+
+# ---------------------------------------------------------------------- the judgement (GCD)
+def judgement_labels(
+    batch: Batch, rule: str, advantages: torch.Tensor | None = None
+) -> tuple[list[int], list[int], list[bool]]:
+    """Which actions get a judgement and which one: ``(rows, cols, good)``, where ``cols`` are the
+    columns of each action's last token (``extras["turn_end"]``).
+
+    ``"outcome"``: every action of a successful episode is good, of a failed one bad;
+    ``"advantage"``: by the sign of the episode's GRPO advantage (``advantages``, ``[B, T]``), no
+    label where it is 0 (a group with no spread says nothing); ``"oracle"``: the environment's own
+    label (``extras["kinds"]``: only ``good`` actions are good)."""
+    if rule not in ("outcome", "advantage", "oracle"):
+        raise ValueError(f"rule must be 'outcome', 'advantage' or 'oracle', got {rule!r}")
+    if rule == "advantage" and advantages is None:
+        raise ValueError("the 'advantage' rule needs the advantages")
+    success = batch.extras["success"].tolist()
+    row_adv = advantages.sum(1).tolist() if advantages is not None else None
+    rows, cols, good = [], [], []
+    for i, ends in enumerate(batch.extras["turn_end"]):
+        for k, col in enumerate(ends):
+            if rule == "outcome":
+                label = bool(success[i])
+            elif rule == "advantage":
+                if row_adv[i] == 0:
+                    continue
+                label = row_adv[i] > 0
+            else:
+                label = batch.extras["kinds"][i][k] == "good"
+            rows.append(i)
+            cols.append(col)
+            good.append(label)
+    return rows, cols, good
+
+
+def judgement_loss(
+    logits: torch.Tensor, rows, cols, good, token_ids: tuple[int, int]
+) -> tuple[torch.Tensor, dict]:
+    """Cross-entropy of the judgement token after each labelled action (eq. gcd-loss): of the
+    logits ``[B, T, V]`` at ``(rows, cols)`` (which predict the token after the action), those of
+    ``token_ids = (good, bad)``, against the label, averaged over the labelled actions. The softmax
+    is over the two judgement tokens only (a *verbalizer*, as an LLM judge is read): over the whole
+    vocabulary, the loss would also raise both tokens against every word, everywhere, and the
+    policy starts writing them into its actions. Also returns ``judge_accuracy`` (the good logit above the bad one exactly
+    when the label is good) and ``judge_good_share``. No label: loss 0 (with a graph)."""
+    if not rows:
+        return logits.sum() * 0.0, dict(judge_loss=0.0, judge_accuracy=None, judge_good_share=None)
+    device = logits.device
+    picked = logits[torch.tensor(rows, device=device), torch.tensor(cols, device=device)].float()
+    is_good = torch.tensor(good, device=device)
+    pair = picked[:, list(token_ids)]  # [N, 2]: the logits of good and bad
+    loss = torch.nn.functional.cross_entropy(pair, (~is_good).long())  # class 0 good, 1 bad
+    says_good = pair[:, 0] > pair[:, 1]
+    return loss, dict(
+        judge_loss=loss.item(),
+        judge_accuracy=(says_good == is_good).float().mean().item(),
+        judge_good_share=is_good.float().mean().item(),
+    )
+
+
+# ---------------------------------------------------------------------- the trainer
+class GCDTrainer(AgentTrainer):
+    """SFT on a mixed-quality teacher, then GRPO on the household tasks, with GCD's judgement loss
+    when ``judge_weight`` > 0. Measures flawed actions every step, gradient coupling every
+    ``coupling_every`` steps, and success in and out of domain."""
+
+    config: GCDConfig
+
+    headline = ("ood_success", "ood_sampled_success")
+    headline_definition = (
+        "ood_success: success on held-out tasks whose (object, target) pair never occurs in "
+        "training, sampling at the training temperature; id_*: in-domain pairs, unseen seeds"
+    )
+
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        return (self.config.good_token, self.config.bad_token)
+
+    @property
+    def judge_ids(self) -> tuple[int, int]:
+        return tuple(self.tokenizer.convert_tokens_to_ids(t) for t in self.added_tokens)
+
+    def _make_task(self, split: str = "train"):
+        c = self.config
+        return HouseholdEnv(
+            split=split,
+            clean_fraction=c.clean_fraction,
+            slack=c.slack,
+            max_turns=c.max_turns,
+            hint=c.hint,
+        )
+
+    @functools.cached_property
+    def probes(self) -> dict[str, tuple[Batch, Batch]]:
+        """Fixed probe pairs of each split (seeds apart from training and evaluation)."""
+        seeds = [3 * 10**6 + i for i in range(self.config.num_probes)]
+        return {
+            split: coupling_probes(
+                self.tokenizer, seeds, env=self._make_task(split), device=self.device
+            )
+            for split in ("train", "ood")
+        }
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        judge = ("judge_loss", "judge_accuracy", "judge_good_share")
+        return super().extra_metrics + (judge if self.config.judge_weight > 0 else ())
+
+    # ------------------------------------------------------------------ rollout and loss
+    def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, split="train"):
+        """Episodes as :meth:`AgentTrainer.play` on the ``split``'s tasks; ``extras["kinds"]``
+        holds each episode's action labels (good, flawed, invalid, malformed)."""
+        envs = [self._make_task(split) for _ in range(len(seeds) * group_size)]
+        batch = super().play(
+            seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=envs
+        )
+        batch.extras["kinds"] = [list(env.kinds) for env in envs]
+        return batch
+
+    def compute_loss(self, batch, advantages, *, outputs=None):
+        """GRPO's loss, plus ``lambda`` times the judgement loss read from the same forward pass
+        (eq. gcd-total)."""
+        c = self.config
+        if c.judge_weight == 0:
+            return super().compute_loss(batch, advantages, outputs=outputs)
+        logprobs, entropy, logits = sequence_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature=c.temperature,
+            with_entropy=True,
+            with_logits=True,
+        )
+        loss, metrics = super().compute_loss(batch, advantages, outputs=(logprobs, entropy))
+        rows, cols, good = judgement_labels(batch, c.judge_labels, advantages)
+        judge, judge_metrics = judgement_loss(logits, rows, cols, good, self.judge_ids)
+        metrics.update(judge_metrics)
+        return loss + c.judge_weight * judge, metrics
+
+    def rollout_metrics(self, batch, keep) -> dict:
+        """Every step: the share of flawed and of invalid or malformed actions; every
+        ``coupling_every`` steps: the coupling measurements on the in-domain probes."""
+        kinds = [k for row in batch.extras["kinds"] for k in row]
+        out = dict(
+            flawed_rate=kinds.count("flawed") / max(len(kinds), 1),
+            invalid_rate=(kinds.count("invalid") + kinds.count("malformed")) / max(len(kinds), 1),
+        )
+        every = self.config.coupling_every
+        if every and self.step % every == 0:
+            out.update(measure_coupling(self.model, self.probes["train"]))
+        else:
+            out.update(dict.fromkeys(COUPLING_KEYS))
+        return out
+
+    # ------------------------------------------------------------------ evaluation
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Greedy and sampled success and the flawed-action rate on held-out tasks of each split
+        (``id_``: in-domain pairs; ``ood_``: the held-out pairs), and the coupling measurements on
+        each split's probes."""
+        c, seeds, out = self.config, self.eval_problems, {}
+        with _fixed_rng(c.seed + 1234, self.device):
+            for split, name in (("train", "id"), ("ood", "ood")):
+                for mode, greedy, g in (("greedy", True, 1), ("sampled", False, c.eval_samples)):
+                    b = self.play(seeds, group_size=g, greedy=greedy, split=split)
+                    kinds = [k for row in b.extras["kinds"] for k in row]
+                    out[f"{name}_{mode}_success"] = b.extras["success"].float().mean().item()
+                    out[f"{name}_{mode}_flawed_rate"] = kinds.count("flawed") / max(len(kinds), 1)
+                    out[f"{name}_{mode}_turns"] = b.extras["num_turns"].float().mean().item()
+        with torch.enable_grad():
+            for split, name in (("train", "id"), ("ood", "ood")):
+                for key, value in measure_coupling(self.model, self.probes[split]).items():
+                    out[f"{name}_{key}"] = value
+        return out
+
+
+def run_gcd_arms(config: GCDConfig, arms: dict[str, dict] = ARMS) -> dict[str, GCDTrainer]:
+    """The lab's arms from one shared SFT start (:func:`agentic_rl.train.run_arms`)."""
+    return run_arms(GCDTrainer, config, arms)
+
+
+def run_gcd(config: GCDConfig) -> dict:
+    """The GCD recipe headless (``python -m agentic_rl gcd``): one arm, resumable."""
+    return run_recipe(GCDTrainer(config))

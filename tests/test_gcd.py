@@ -1,0 +1,342 @@
+"""GCD: Lemma 3.1 by simulation, the softmax setting of Theorem 3.2, the coupling measurements, the
+probe pairs, the judgement loss and the trainer."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from agentic_rl import coupling
+from agentic_rl.config import GCDConfig
+from agentic_rl.envs import HouseholdEnv
+from agentic_rl.envs.household import counterfactual_goal
+from agentic_rl.gcd import (
+    ARMS,
+    COUPLING_KEYS,
+    GCDTrainer,
+    coupling_probes,
+    judgement_labels,
+    judgement_loss,
+    lemma_value,
+    measure_coupling,
+    run_gcd_arms,
+    simulate_risky_action,
+    softmax_policy_gradient,
+)
+from agentic_rl.models import build_model, build_tokenizer
+from agentic_rl.rollout import Batch, build_segments_batch, sequence_logprobs
+
+
+def tiny(**kw) -> GCDConfig:
+    base = dict(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        sft_steps=3,
+        sft_batch_size=4,
+        max_steps=2,
+        prompts_per_step=2,
+        num_generations=4,
+        eval_size=4,
+        eval_samples=1,
+        num_probes=4,
+        coupling_every=2,
+        device="cpu",
+        disable_tqdm=True,
+    )
+    return GCDConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="module")
+def policy():
+    env = HouseholdEnv()
+    tok = build_tokenizer(env.vocabulary())
+    model = build_model(
+        tok,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        intermediate_size=64,
+        seed=0,
+    )
+    return model, tok
+
+
+# ---------------------------------------------------------------------- Lemma 3.1
+def test_lemma_value_is_negative_inside_and_zero_at_the_ends():
+    assert lemma_value(0.5, 0.2) == pytest.approx(-0.05)
+    assert lemma_value(0.5, 0.2, group_size=8) == pytest.approx(-0.05 * 7 / 8)
+    for q in (0.0, 1.0):
+        assert lemma_value(q, 0.3) == 0.0
+    assert all(lemma_value(q / 10, 0.3) < 0 for q in range(1, 10))
+
+
+@pytest.mark.parametrize("q", [0.1, 0.3, 0.5, 0.8])
+def test_the_lemma_holds_by_monte_carlo(q):
+    p, r, g, n = 0.8, 0.4, 8, 100_000
+    # the Lemma's own baseline, E[R]: q r (q - 1)
+    expected = simulate_risky_action(p, r, q, group_size=g, groups=n, baseline="expected")
+    # GRPO's mean-centred group advantage: (G - 1) / G of it
+    grouped = simulate_risky_action(p, r, q, group_size=g, groups=n, baseline="group")
+    se = math.sqrt(q * 0.25) / math.sqrt(n * g)  # |A 1{a}| <= 1: a generous standard error
+    assert expected == pytest.approx(lemma_value(q, r), abs=5 * se)
+    assert grouped == pytest.approx(lemma_value(q, r, group_size=g), abs=5 * se)
+    # with std normalisation there is no closed form, but the sign holds
+    assert simulate_risky_action(p, r, q, group_size=g, groups=n, scale="group") < -10 * se
+
+
+def test_no_risk_no_signal_and_bad_arguments():
+    assert simulate_risky_action(0.7, 0.0, 0.5, groups=50_000) == pytest.approx(0.0, abs=3e-3)
+    with pytest.raises(ValueError, match="0 <= r <= p"):
+        simulate_risky_action(0.2, 0.5, 0.5)
+    with pytest.raises(ValueError, match="baseline"):
+        simulate_risky_action(0.5, 0.1, 0.5, baseline="leave-one-out")
+
+
+# ---------------------------------------------------------------------- Theorem 3.2's setting
+def test_softmax_policy_gradient_squeezes_mass_onto_a_milder_flaw_then_finds_the_best():
+    success = [1.0, 0.8, 0.2]  # good, mildly flawed, badly flawed
+    probs = softmax_policy_gradient([0.0, 1.0, 2.0], success, lr=2.0, steps=200)
+    assert probs.shape == (201, 3)
+    assert torch.allclose(probs.sum(1), torch.ones(201, dtype=torch.float64))
+    mild = probs[:, 1]
+    assert mild.max() > mild[0] + 0.3  # the milder flaw gains mass first ...
+    assert probs[-1, 0] > 0.99  # ... and the good action wins in the end
+    flawed = probs[:, 1] + probs[:, 2]
+    assert (flawed[1:] <= flawed[:-1] + 1e-12).all()  # here the flawed total only falls
+    # but not from every start: with the mild flaw already the most likely, the good action
+    # first loses mass (gradient flow, small steps)
+    other = softmax_policy_gradient([0.0, 2.0, 1.0], success, lr=0.01, steps=2000)
+    assert other[:, 0].min() < other[0, 0] - 0.004
+    with pytest.raises(ValueError, match="same length"):
+        softmax_policy_gradient([0.0, 1.0], success)
+
+
+# ---------------------------------------------------------------------- coupling measurements
+def _pairs(tok, n=6):
+    env = HouseholdEnv()
+    return coupling_probes(tok, list(range(n)), env=env)
+
+
+def test_probe_pairs_differ_in_one_goal_word_and_train_only_the_decisive_token(policy):
+    _, tok = policy
+    a, b = _pairs(tok, 8)
+    assert a.input_ids.shape == b.input_ids.shape
+    for i in range(8):
+        diff = (a.input_ids[i] != b.input_ids[i]).nonzero().flatten().tolist()
+        assert len(diff) == 1  # the goal's target, in the first observation
+        assert torch.equal(a.loss_mask[i], b.loss_mask[i]) and a.loss_mask[i].sum() == 1
+        col = int(a.loss_mask[i].nonzero())
+        target = tok.convert_ids_to_tokens(int(a.input_ids[i, diff[0]]))
+        assert tok.convert_ids_to_tokens(int(a.input_ids[i, col])) == target
+        width = a.input_ids.shape[1]
+        assert col + 1 == width or a.input_ids[i, col + 1] == tok.pad_token_id
+
+
+def test_the_probe_action_is_good_in_a_and_flawed_in_b():
+    env = HouseholdEnv()
+    for seed in range(10):
+        pairs = env.demonstration(seed, __import__("random").Random(seed), 0.0)
+        task = dict(env.task)
+        k = len(pairs) - 1 if seed % 2 == 0 else len(pairs) - 2
+        from agentic_rl.envs.household import RECEPTACLES
+
+        other = [r for r in RECEPTACLES if r != task["target"]][seed % 5]
+        assert counterfactual_goal(pairs[0][0], task, other) != pairs[0][0]
+        for target, kind in ((task["target"], "good"), (other, "flawed")):
+            env.reset(seed)
+            env.task = dict(task, target=target)
+            for _, action in pairs[:k]:
+                env.step(action)
+            assert env.step(pairs[k][1])[3]["kind"] == kind
+
+
+def test_per_sample_grads_equal_a_loop_of_backward_passes(policy):
+    model, tok = policy
+    a, _ = _pairs(tok, 4)
+    fast = coupling.per_sample_grads(model, a)
+    for i in range(4):
+        model.zero_grad()
+        row = a.select(torch.tensor([i]))
+        coupling.action_logprobs(model, row).sum().backward()
+        slow = torch.cat([p.grad.flatten() for p in model.parameters()])
+        assert torch.allclose(fast[i], slow, atol=1e-5), (fast[i] - slow).abs().max()
+    model.zero_grad()
+    last = coupling.last_block_names(model)
+    assert last and all("layers.0." not in n and "embed" not in n for n in last)
+    assert coupling.per_sample_grads(model, a, last).shape[1] < fast.shape[1]
+    with pytest.raises(ValueError, match="not trainable"):
+        coupling.per_sample_grads(model, a, ["nope"])
+
+
+def test_cosines_of_a_pair_with_itself_are_one(policy):
+    model, tok = policy
+    a, b = _pairs(tok, 4)
+    assert torch.allclose(coupling.gradient_cosine(model, a, a), torch.ones(4), atol=1e-5)
+    for at in ("action", "state"):
+        same = coupling.hidden_cosine(model, a, a, at=at)
+        assert torch.allclose(same, torch.ones(4), atol=1e-5)
+        assert (coupling.hidden_cosine(model, a, b, at=at) <= 1 + 1e-6).all()
+    with pytest.raises(ValueError, match="at must be"):
+        coupling.hidden_cosine(model, a, b, at="goal")
+
+
+def test_spillover_is_first_order_the_gradient_dot_product(policy):
+    model, tok = policy
+    a, b = _pairs(tok, 4)
+    before = copy.deepcopy(model.state_dict())
+    lr = 1e-4
+    out = coupling.spillover(model, a, b, lr=lr)
+    for k, v in model.state_dict().items():  # the model itself is not moved
+        assert torch.equal(v, before[k])
+    ga = coupling.per_sample_grads(model, a).double()
+    gb = coupling.per_sample_grads(model, b).double()
+    step = lr * ga.mean(0)
+    assert (out["delta_a"] > 0).all()
+    assert torch.allclose(out["delta_a"].double(), ga @ step, rtol=0.05, atol=1e-9)
+    assert torch.allclose(out["delta_b"].double(), gb @ step, rtol=0.05, atol=1e-8)
+    assert out["ratio"] == pytest.approx((out["delta_b"].sum() / out["delta_a"].sum()).item())
+
+
+def test_measure_coupling_returns_its_keys_in_range(policy):
+    model, tok = policy
+    m = measure_coupling(model, _pairs(tok, 4))
+    assert set(m) == set(COUPLING_KEYS)
+    assert all(-1 - 1e-6 <= m[k] <= 1 + 1e-6 for k in ("grad_cos", "hidden_cos", "state_cos"))
+    assert 0 <= m["spill"] <= 1
+
+
+# ---------------------------------------------------------------------- the judgement
+def _fake_batch():
+    ids = torch.zeros(3, 10, dtype=torch.long)
+    adv = torch.zeros(3, 10)
+    adv[0, 2:4], adv[1, 2:4] = 0.5, -0.5  # row 2: a group with no spread
+    return Batch(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        loss_mask=torch.ones_like(ids),
+        token_rewards=torch.zeros(3, 10),
+        group_id=torch.zeros(3, dtype=torch.long),
+        extras=dict(
+            success=torch.tensor([True, False, True]),
+            turn_end=[[3, 7], [4], [2, 5, 8]],
+            kinds=[["good", "flawed"], ["invalid"], ["good", "good", "malformed"]],
+        ),
+    ), adv
+
+
+def test_judgement_labels_by_each_rule():
+    batch, adv = _fake_batch()
+    rows, cols, good = judgement_labels(batch, "outcome")
+    assert list(zip(rows, cols, good)) == [
+        (0, 3, True),
+        (0, 7, True),
+        (1, 4, False),
+        (2, 2, True),
+        (2, 5, True),
+        (2, 8, True),
+    ]
+    rows, cols, good = judgement_labels(batch, "advantage", adv)
+    assert list(zip(rows, cols, good)) == [(0, 3, True), (0, 7, True), (1, 4, False)]
+    _, _, good = judgement_labels(batch, "oracle")
+    assert good == [True, False, False, True, True, False]
+    with pytest.raises(ValueError, match="rule must be"):
+        judgement_labels(batch, "process")
+    with pytest.raises(ValueError, match="needs the advantages"):
+        judgement_labels(batch, "advantage")
+
+
+def test_judgement_loss_is_the_two_way_cross_entropy():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 6, 9, requires_grad=True)
+    rows, cols, good = [0, 1, 1], [1, 2, 4], [True, False, True]
+    loss, m = judgement_loss(logits, rows, cols, good, (7, 3))
+    pair = torch.stack([logits[r, c, [7, 3]] for r, c in zip(rows, cols)])
+    manual = torch.nn.functional.cross_entropy(pair, torch.tensor([0, 1, 0]))
+    assert loss.item() == pytest.approx(manual.item())
+    says = (pair[:, 0] > pair[:, 1]).tolist()
+    assert m["judge_accuracy"] == pytest.approx(sum(s == g for s, g in zip(says, good)) / 3)
+    assert m["judge_good_share"] == pytest.approx(2 / 3)
+    loss.backward()
+    touched = logits.grad.abs().sum(-1).nonzero().tolist()
+    assert touched == [[0, 1], [1, 2], [1, 4]]  # only where a judgement is read
+    assert logits.grad[..., [0, 1, 2, 4, 5, 6, 8]].abs().sum() == 0  # only the two tokens
+    empty, m = judgement_loss(logits, [], [], [], (7, 3))
+    assert empty.item() == 0.0 and empty.requires_grad and m["judge_accuracy"] is None
+
+
+# ---------------------------------------------------------------------- the trainer
+def test_with_weight_zero_the_loss_is_grpo_and_with_lambda_it_adds_the_judgement():
+    trainer = GCDTrainer(tiny(sft_steps=0, judge_weight=0.0))
+    torch.manual_seed(0)
+    batch = trainer.rollout()
+    adv = trainer.compute_advantages(batch)
+    plain, m0 = trainer.compute_loss(batch, adv)
+    assert "judge_loss" not in m0
+    trainer.config.judge_weight = 0.5
+    total, m = trainer.compute_loss(batch, adv)
+    assert total.item() == pytest.approx(plain.item() + 0.5 * m["judge_loss"], rel=1e-5)
+    # the judgement is read after each action's last token, from the same logits
+    _, _, logits = sequence_logprobs(
+        trainer.model, batch.input_ids, batch.attention_mask, with_entropy=True, with_logits=True
+    )
+    rows, cols, good = judgement_labels(batch, "outcome")
+    assert len(rows) == int(batch.extras["num_turns"].sum())
+    ref, _ = judgement_loss(logits, rows, cols, good, trainer.judge_ids)
+    assert m["judge_loss"] == pytest.approx(ref.item(), rel=1e-5)
+    width = batch.loss_mask.shape[1]
+    for i, cs in enumerate(batch.extras["turn_end"]):  # the column is the action's last token
+        for c in cs:
+            assert batch.loss_mask[i, c] == 1 and (c + 1 == width or batch.loss_mask[i, c + 1] == 0)
+    assert trainer.judge_ids[0] != trainer.judge_ids[1]
+    assert trainer.tokenizer.convert_ids_to_tokens(list(trainer.judge_ids)) == [
+        "<|good|>",
+        "<|bad|>",
+    ]
+
+
+def test_a_short_run_logs_flaws_judgements_and_coupling_and_evaluates_both_splits():
+    trainer = GCDTrainer(tiny(judge_weight=0.5, max_steps=4))
+    summary = trainer.train()
+    h = trainer.history
+    assert [r["grad_cos"] is not None for r in h] == [False, True, False, True]
+    for r in h:
+        assert 0 <= r["flawed_rate"] <= 1 and 0 <= r["invalid_rate"] <= 1
+        assert "judge_loss" in r and math.isfinite(r["judge_loss"])
+    for when in ("before", "after"):
+        for split in ("id", "ood"):
+            for key in ("sampled_success", "greedy_success", "sampled_flawed_rate", *COUPLING_KEYS):
+                value = summary[f"{split}_{key}_{when}"]
+                assert value is not None and math.isfinite(value), (split, key, when)
+    assert summary["ood_success_after"] == summary["ood_sampled_success_after"]
+
+
+def test_evaluation_plays_the_splits_it_names():
+    trainer = GCDTrainer(tiny(sft_steps=0))
+    for split in ("train", "ood"):
+        b = trainer.play([1, 2, 3], split=split)
+        assert len(b.extras["kinds"]) == 3
+        assert all(len(k) == n for k, n in zip(b.extras["kinds"], b.extras["num_turns"].tolist()))
+
+
+def test_run_gcd_arms_shares_one_sft_start():
+    arms = run_gcd_arms(tiny(max_steps=1, coupling_every=0), ARMS)
+    assert list(arms) == list(ARMS)
+    before = [t.evals["before"]["id_sampled_success"] for t in arms.values()]
+    assert len(set(before)) == 1  # the same start, evaluated the same way
+    assert {t.config.judge_weight for t in arms.values()} == {0.0, 0.1, 0.5}
+    histories = [t.sft_history for t in arms.values()]
+    assert all(h == histories[0] and len(h) == 3 for h in histories)
+
+
+def test_build_segments_batch_probe_rows_are_right_padded(policy):
+    # per_sample_grads relies on it: no attention mask, padding only after the real tokens
+    _, tok = policy
+    batch = build_segments_batch(tok, [[("at middle", False), ("look", True)], [("look", True)]])
+    assert batch.attention_mask[1].tolist() == [1, 1, 0, 0]
