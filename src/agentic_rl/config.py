@@ -28,6 +28,7 @@ __all__ = [
     "PPOConfig",
     "ReToolConfig",
     "StarPOConfig",
+    "GroupAgentConfig",
     "RCGRPOConfig",
     "GCDConfig",
     "PROFILES",
@@ -965,10 +966,9 @@ class StarPOConfig(PPOConfig):
 
 
 @dataclass
-class RCGRPOConfig(PPOConfig):
-    """RC-GRPO: reward-conditioned rollouts (RCTP, then GRPO with a reward token per rollout)."""
-
-    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("filesystem",)
+class GroupAgentConfig(PPOConfig):
+    """Defaults shared by the group-relative agent recipes (RC-GRPO, GCD): GRPO on a multi-turn
+    environment, G = 8 episodes per task, one on-policy gradient step per batch. Not a recipe."""
 
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},
@@ -986,20 +986,34 @@ class RCGRPOConfig(PPOConfig):
     }
 
     # --- defaults that differ from the PPO recipe
-    env: str = _f("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
-    advantage_estimator: str = _f("grpo", "RC-GRPO is group-relative: 'grpo' only.")
+    advantage_estimator: str = _f("grpo", "Group-relative: 'grpo' only.")
     num_generations: int = _f(8, "G: rollouts per task (the group).")
     prompts_per_step: int = _f(8, "Tasks (episode seeds) per RL step.")
     num_minibatches: int = _f(1, "Gradient steps per rollout batch (1: on-policy, as GRPO).")
     loss_type: str = _f("grpo", "Loss aggregation (see the GRPO recipe).")
     log_kl: bool = _f(False, "Keep pi_ref only to log the KL (off: one forward pass less).")
     learning_rate: float = _f(3e-4, "Policy learning rate (AdamW).")
+    eval_size: int = _f(64, "Held-out tasks (episode seeds) for the before/after evaluation.")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.advantage_estimator != "grpo":
+            self._bad("advantage_estimator", "this recipe is group-relative: use 'grpo'")
+
+
+@dataclass
+class RCGRPOConfig(GroupAgentConfig):
+    """RC-GRPO: reward-conditioned rollouts (RCTP, then GRPO with a reward token per rollout)."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("filesystem",)
+
+    # --- defaults that differ from the group-relative agent recipes'
+    env: str = _f("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
     sft_steps: int = _f(400, "Warm-start steps (SFT or RCTP, see warm_start) before RL.")
     sft_learning_rate: float = _f(
         3e-3, "Warm-start learning rate (the copying of names is learned at about 300 steps)."
     )
     max_steps: int = _f(50, "RL steps (one rollout batch each).")
-    eval_size: int = _f(64, "Held-out tasks (episode seeds) for the before/after evaluation.")
     max_turns: int = _f(5, "Calls per episode, 'done' included (the hard tasks need 4).")
     max_action_tokens: int = _f(4, "Tokens of one call: the name, two arguments, the stop word.")
     demo_error_rate: float = _f(
@@ -1039,8 +1053,6 @@ class RCGRPOConfig(PPOConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.advantage_estimator != "grpo":
-            self._bad("advantage_estimator", "RC-GRPO is group-relative: use 'grpo'")
         if self.warm_start not in ("sft", "rctp"):
             self._bad("warm_start", "must be 'sft' or 'rctp'")
         if self.conditioning not in ("none", "high", "mixed"):
@@ -1069,40 +1081,22 @@ class RCGRPOConfig(PPOConfig):
 
 
 @dataclass
-class GCDConfig(PPOConfig):
+class GCDConfig(GroupAgentConfig):
     """GRPO with GCD: the actor also learns to judge its own actions good or bad."""
 
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("household",)
 
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},
-        "full": dict(
-            hidden_size=256,
-            num_hidden_layers=4,
-            num_attention_heads=8,
-            num_key_value_heads=4,
-            intermediate_size=1024,
-            sft_steps=1500,
-            max_steps=200,
-            prompts_per_step=32,
-            eval_size=256,
-            num_probes=64,
-        ),
+        "full": dict(GroupAgentConfig.PROFILES["full"], num_probes=64),
     }
 
-    # --- defaults that differ from the PPO recipe
+    # --- defaults that differ from the group-relative agent recipes'
     env: str = _f("household", "Environment: 'household' (ALFWorld-style tasks).")
-    advantage_estimator: str = _f("grpo", "GCD is added to GRPO: 'grpo' only.")
-    num_generations: int = _f(8, "G: rollouts per task (the group).")
-    prompts_per_step: int = _f(8, "Tasks (episode seeds) per RL step.")
-    num_minibatches: int = _f(1, "Gradient steps per rollout batch (1: on-policy, as GRPO).")
-    loss_type: str = _f("grpo", "Loss aggregation (see the GRPO recipe).")
-    log_kl: bool = _f(False, "Keep pi_ref only to log the KL (off: one forward pass less).")
-    learning_rate: float = _f(3e-4, "Policy learning rate (AdamW).")
     sft_steps: int = _f(500, "SFT steps on the mixed-quality teacher's episodes before RL.")
     sft_learning_rate: float = _f(3e-3, "SFT learning rate.")
     max_steps: int = _f(30, "RL steps (one rollout batch each).")
-    eval_size: int = _f(64, "Held-out tasks per split (in-domain and out-of-domain).")
+    eval_size: int = _f(64, "Held-out tasks per split (in domain and out of domain).")
     max_turns: int = _f(8, "Cap on an episode's turns (each task's budget: its plan + slack).")
     max_action_tokens: int = _f(5, "Tokens of one action: 'take mug from table' and the stop word.")
     demo_error_rate: float = _f(
@@ -1139,8 +1133,6 @@ class GCDConfig(PPOConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.advantage_estimator != "grpo":
-            self._bad("advantage_estimator", "GCD is added to GRPO: use 'grpo'")
         if not 0.0 <= self.clean_fraction <= 1.0:
             self._bad("clean_fraction", "must be in [0, 1]")
         if self.slack < 0:

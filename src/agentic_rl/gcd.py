@@ -70,8 +70,9 @@ ARMS: dict[str, dict] = {
 def lemma_value(q: float, r: float, group_size: int | None = None) -> float:
     """``E[A 1{a}] = q r (q - 1)`` (Lemma 3.1, eq. gcd-lemma): the expected advantage weight of an
     action taken with probability ``q`` that lowers the success probability by ``r``, for a
-    baseline equal to the expected reward. With ``group_size`` G: GRPO's mean-centred advantage,
-    whose baseline (the group mean) includes the sample itself, which gives ``(G - 1) / G`` of it."""
+    baseline equal to the expected reward. With ``group_size`` G: GRPO's mean-centred
+    advantage, whose baseline (the group mean) includes the sample itself, which gives
+    ``(G - 1) / G`` of it."""
     value = q * r * (q - 1)
     return value if group_size is None else value * (group_size - 1) / group_size
 
@@ -221,8 +222,9 @@ def judgement_loss(
     ``token_ids = (good, bad)``, against the label, averaged over the labelled actions. The softmax
     is over the two judgement tokens only (a *verbalizer*, as an LLM judge is read): over the whole
     vocabulary, the loss would also raise both tokens against every word, everywhere, and the
-    policy starts writing them into its actions. Also returns ``judge_accuracy`` (the good logit above the bad one exactly
-    when the label is good) and ``judge_good_share``. No label: loss 0 (with a graph)."""
+    policy starts writing them into its actions. Also returns ``judge_accuracy`` (the good logit
+    above the bad one exactly when the label is good) and ``judge_good_share``. No label: loss 0
+    (with a graph)."""
     if not rows:
         return logits.sum() * 0.0, dict(judge_loss=0.0, judge_accuracy=None, judge_good_share=None)
     device = logits.device
