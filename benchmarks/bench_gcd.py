@@ -9,10 +9,11 @@
    Python loop of one backward pass per row; the two are checked equal. And the whole coupling
    measurement of the lab (``gcd.measure_coupling``: two gradient sets, the spill-over step, two
    hidden-state passes).
-3. A GRPO step of the quick profile (8 tasks x 8 episodes) with and without the judgement loss
-   (``judge_weight`` 0.5 and 0), coupling measurements off: what GCD adds to a step. Medians over
-   repeats, after one warm-up step, on the untrained quick model (speed hardly depends on the
-   weights).
+3. What GCD adds to a GRPO step of the quick profile (8 tasks x 8 episodes, coupling
+   measurements off): the loss stage (forward pass, loss, backward pass) of one fixed rollout batch
+   with ``judge_weight`` 0 and 0.5 (timed in turn), and the difference as a share of a whole plain step. One batch
+   for both, so the rollouts' lengths cannot differ. Medians over repeats, after a warm-up, on the
+   untrained quick model (speed hardly depends on the weights).
 """
 
 from __future__ import annotations
@@ -104,16 +105,34 @@ def gradient_costs(repeats: int) -> dict:
 
 
 def step_costs(repeats: int) -> dict:
-    out = {}
-    for weight in (0.0, 0.5):
-        setup(0)
-        cfg = GCDConfig(
-            sft_steps=0, judge_weight=weight, coupling_every=0, disable_tqdm=True, device="cpu"
+    """The loss stage (forward, loss, backward) of one fixed rollout batch, with and without the
+    judgement; and a whole plain GRPO step for scale."""
+    setup(0)
+    cfg = GCDConfig(sft_steps=0, coupling_every=0, disable_tqdm=True, device="cpu")
+    trainer = GCDTrainer(cfg)
+    trainer.grpo_step()  # warm-up
+    out = {
+        "GRPO step (rollout + update), s": statistics.median(
+            trainer.grpo_step()["step_time"] for _ in range(repeats)
         )
-        trainer = GCDTrainer(cfg)
-        trainer.grpo_step()  # warm-up
-        times = [trainer.grpo_step()["step_time"] for _ in range(repeats)]
-        out[f"GRPO step, judge_weight={weight}, s"] = statistics.median(times)
+    }
+    batch = trainer.rollout()
+    adv = trainer.compute_advantages(batch)
+
+    def loss_stage():
+        trainer.model.zero_grad()
+        loss, _ = trainer.compute_loss(batch, adv)
+        loss.backward()
+
+    times = {0.0: [], 0.5: []}
+    for _ in range(repeats + 1):  # interleaved, so that a slow spell of the machine hits both
+        for weight, spent in times.items():
+            trainer.config.judge_weight = weight
+            t = time.perf_counter()
+            loss_stage()
+            spent.append(time.perf_counter() - t)
+    for weight, spent in times.items():  # the first round is the warm-up
+        out[f"loss stage, judge_weight={weight}, s"] = statistics.median(spent[1:])
     return out
 
 
@@ -138,7 +157,9 @@ def main(argv=None):
         for k, v in values.items():
             print(f"  {k:48s} {v:10.4f}" if isinstance(v, float) else f"  {k:48s} {v:10d}")
     s = results["step"]
-    extra = s["GRPO step, judge_weight=0.5, s"] / s["GRPO step, judge_weight=0.0, s"] - 1
+    extra = (s["loss stage, judge_weight=0.5, s"] - s["loss stage, judge_weight=0.0, s"]) / s[
+        "GRPO step (rollout + update), s"
+    ]
     c = results["coupling"]
     speedup = c["per-sample grads, loop of backward passes, s"] / c["per-sample grads, vmap, s"]
     print(

@@ -30,6 +30,7 @@ FUNCTIONS = {
     "retool": ["tool_output_mask", "spurious_logit_gradient", "resample_on_correct"],
     "starpo": ["reward_std_filter", "distinct_per_group", "expected_bandit_gradient"],
     "rcgrpo": ["draw_conditions", "zero_std_fraction", "expected_group_variance"],
+    "gcd": ["risky_advantage_weight", "judgement_labels", "gradient_cosine"],
 }
 
 #: a planted bug per chapter (a line of the solution replaced), and what the grader must say
@@ -56,6 +57,11 @@ BUGS = {
                "1) = 4/3 times too large: that is the variance of one reward, m (1 - m) with m = p "
                "qh + (1 - p) ql = 0.55, but sigma^2 is taken around the group's own mean, which "
                "takes 1/G of it away"),
+    "gcd": ("return (group_size - 1) / group_size * value", "return value",
+            ("`risky_advantage_weight` is wrong for q 0.5, r 0.4, group_size 8: it gave -0.1, eq. "
+             "gcd-lemma-group gives -0.0875. It is the expected-reward baseline's q r (q - 1): "
+             "GRPO's group mean includes the episode itself, which takes 1/G of its own reward out "
+             "of its advantage and leaves (G - 1) / G = 7/8 of the value")),
 }
 
 

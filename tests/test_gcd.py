@@ -340,3 +340,15 @@ def test_build_segments_batch_probe_rows_are_right_padded(policy):
     _, tok = policy
     batch = build_segments_batch(tok, [[("at middle", False), ("look", True)], [("look", True)]])
     assert batch.attention_mask[1].tolist() == [1, 1, 0, 0]
+
+
+def test_a_judgement_token_written_into_an_action_is_a_malformed_action():
+    # the policy is never asked to write a judgement; if it does, the environment answers it
+    # like any text outside its grammar: a message, reward 0, the episode goes on
+    trainer = GCDTrainer(tiny(sft_steps=0))
+    env = trainer._make_task()
+    env.reset(0)
+    for text in ("<|good|>", "put mug in <|bad|>", "<|good|> look"):
+        obs, reward, done, info = env.step(text)
+        assert info["kind"] == "malformed" and not info["format_ok"]
+        assert obs.startswith("nothing happens") and reward == 0.0 and not done
