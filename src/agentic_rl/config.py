@@ -1114,9 +1114,9 @@ class GCDConfig(GroupAgentConfig):
     )
     # --- GCD
     judge_weight: float = _f(
-        0.0,
+        0.1,
         "lambda: weight of the judgement loss (generative classification of each action as good "
-        "or bad); 0 is plain GRPO.",
+        "or bad); 0 is plain GRPO on the same task.",
     )
     judge_labels: str = _f(
         "outcome",
