@@ -70,6 +70,17 @@ def _physical_memory() -> int:
         return 0
 
 
+def _on_cuda(device: str) -> bool:
+    """Whether a run with this ``device`` setting will use a CUDA GPU."""
+    if device.startswith("cuda"):
+        return True
+    if device != "auto":
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _f(default, help: str):
     return field(default=default, metadata={"help": help})
 
@@ -80,6 +91,9 @@ class RLConfig:
     and policy optimisation."""
 
     PROFILES: ClassVar[dict[str, dict]] = {"quick": {}}
+    #: What a profile adds when the run will be on a CUDA GPU (``from_profile`` applies it under
+    #: your overrides): the batch and the length of run a GPU affords, same command.
+    GPU_PROFILES: ClassVar[dict[str, dict]] = {}
 
     # --- run
     profile: str = _f(
@@ -99,7 +113,10 @@ class RLConfig:
     disable_tqdm: bool = _f(False, "Hide progress bars (as TRL's disable_tqdm).")
     # --- model
     model_name_or_path: str | None = _f(
-        None, "Pretrained model (hub name or folder). None: a tiny Llama from scratch."
+        None,
+        "Pretrained model: a hub name, a folder, or a packaged model's alias "
+        "('smollm2-135m-instruct', installed with pip, no hub needed). None: a tiny Llama "
+        "from scratch.",
     )
     hidden_size: int = _f(128, "Tiny model: hidden size.")
     num_hidden_layers: int = _f(4, "Tiny model: number of decoder layers.")
@@ -109,6 +126,10 @@ class RLConfig:
     use_lora: bool = _f(False, "Train LoRA adapters instead of all weights (peft).")
     lora_r: int = _f(8, "LoRA rank.")
     lora_alpha: int = _f(16, "LoRA alpha.")
+    lora_target_modules: str = _f(
+        "q_proj,k_proj,v_proj,o_proj",
+        "Comma-separated names of the modules that get LoRA adapters (the attention projections).",
+    )
     # --- SFT warm start
     sft_steps: int = _f(600, "SFT steps on teacher demonstrations before RL (0: skip).")
     sft_batch_size: int = _f(64, "Demonstrations per SFT step.")
@@ -160,6 +181,13 @@ class RLConfig:
         "the batch (PPO's minibatches; verl: train batch / ppo_mini_batch_size).",
     )
     max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
+    skip_prompt_logits: bool = _f(
+        False,
+        "Compute the loss's logits only from the first generated column on: the same log-probs, "
+        "gradients equal up to float summation order, and no LM head over the prompt (on a "
+        "pretrained model's 49k-word vocabulary, as costly as the transformer). Off by default so "
+        "that the tiny-model labs stay bit-identical to their stored outputs.",
+    )
     entropy_coeff: float = _f(
         0.0,
         "Entropy bonus: the loss subtracts entropy_coeff times the mean entropy of the generated "
@@ -184,7 +212,10 @@ class RLConfig:
             raise ValueError(
                 f"unknown config field(s) {unknown}; see `python -m agentic_rl <recipe> --help`"
             )
-        return cls(**{**cls.PROFILES[profile], **overrides, "profile": profile})
+        values = dict(cls.PROFILES[profile])
+        if profile in cls.GPU_PROFILES and _on_cuda(overrides.get("device", "auto")):
+            values.update(cls.GPU_PROFILES[profile])
+        return cls(**{**values, **overrides, "profile": profile})
 
     # ------------------------------------------------------------------ validation
     # Where it happens: ``validate()`` checks the config on its own (types, finite numbers, ranges,
@@ -269,6 +300,12 @@ class RLConfig:
             bad("output_dir", "must be a folder name, or None to keep nothing on disk")
         if self.model_name_or_path is not None and not self.model_name_or_path.strip():
             bad("model_name_or_path", "must be a hub name or a folder, or None for the tiny model")
+        targets = self.lora_target_modules.split(",")
+        if not all(re.fullmatch(r"[A-Za-z_][\w]*", t) for t in targets):
+            bad(
+                "lora_target_modules",
+                "must be comma-separated module names without spaces, e.g. 'q_proj,v_proj'",
+            )
         self._at_least(
             (
                 "num_generations",
@@ -420,6 +457,14 @@ class RLConfig:
         if dev == "mps" and not mps_ok:
             self._bad("device", "MPS (Apple GPU) is not available here; use 'auto' or 'cpu'")
         name = self.model_name_or_path
+        if name is not None:
+            from .models import PACKAGED_MODELS, resolve_model
+
+            if name in PACKAGED_MODELS:
+                try:
+                    name, _ = resolve_model(name)  # its installed folder
+                except FileNotFoundError as err:
+                    self._bad("model_name_or_path", str(err))
         if name is not None and not os.path.isdir(name):
             offline = any(
                 os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
@@ -505,16 +550,46 @@ class GRPOConfig(RLConfig):
             learning_rate=5e-5,
             eval_size=1024,
         ),
+        # A real pretrained instruct model (shipped as a pip package, no hub), LoRA on its attention
+        # projections, GRPO on sums asked in English. Sized for one CPU thread (~3 minutes); on a
+        # GPU, GPU_PROFILES scales the batch and the run up, and the frozen base runs in bf16.
+        "pretrained": dict(
+            model_name_or_path="smollm2-135m-instruct",
+            use_lora=True,
+            lora_r=16,
+            lora_alpha=32,
+            task="sums",
+            digits=1,
+            format_weight=0.5,
+            sft_steps=0,
+            max_steps=10,
+            prompts_per_step=4,
+            num_generations=4,
+            learning_rate=5e-4,
+            temperature=0.7,
+            max_completion_length=12,
+            skip_prompt_logits=True,
+            eval_size=32,
+            eval_samples=1,
+        ),
+    }
+
+    GPU_PROFILES: ClassVar[dict[str, dict]] = {
+        # the pretrained profile on a GPU (device auto or cuda): 128 answers per step, 100 steps
+        "pretrained": dict(
+            prompts_per_step=16, num_generations=8, max_steps=100, eval_size=256, eval_samples=4
+        ),
     }
 
     # --- task
     task: str = _f("addition", "Task name (see agentic_rl.envs.TASKS).")
-    digits: int = _f(2, "Addition task: digits per operand.")
+    digits: int = _f(2, "Addition and sums tasks: digits per operand.")
     teacher_error_rate: float = _f(
         0.5, "Fraction of SFT demonstrations with one wrong digit (the noisy teacher)."
     )
     format_weight: float = _f(
-        0.1, "Weight of the format reward added to the 0/1 exact-match reward."
+        0.1,
+        "Weight of the format reward added to the 0/1 exact-match reward (sums: the bare number).",
     )
     max_completion_length: int = _f(8, "Maximum generated tokens per completion.")
 
@@ -531,8 +606,14 @@ class GRPOConfig(RLConfig):
                 "(a group of one has no baseline)",
             )
         self._at_least(("max_completion_length", "digits"), 1)
-        if self.task == "addition" and self.digits > 6:
-            self._bad("digits", "the addition task supports 1 to 6 digits")
+        if self.digits > 6:
+            self._bad("digits", f"the {self.task} task supports 1 to 6 digits")
+        if self.task == "sums" and self.model_name_or_path is None:
+            self._bad(
+                "model_name_or_path",
+                "the sums task is written in English and needs a pretrained model with a chat "
+                "template (e.g. --profile pretrained); the tiny model's vocabulary is digits",
+            )
         if not 0.0 <= self.teacher_error_rate <= 1.0:
             self._bad("teacher_error_rate", "must be in [0, 1]")
         if self.format_weight < 0:
@@ -548,8 +629,8 @@ class GRPOConfig(RLConfig):
 
         from .envs import make_task
 
-        kwargs = dict(digits=self.digits) if self.task == "addition" else {}
-        return len(make_task(self.task, **kwargs).sample(1, random.Random(0))[0].prompt.split()) + 1
+        task = make_task(self.task, digits=self.digits)
+        return len(task.sample(1, random.Random(0))[0].prompt.split()) + 1
 
     def min_sequence_tokens(self) -> int:
         return self.prompt_tokens() + 1

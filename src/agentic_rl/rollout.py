@@ -19,8 +19,10 @@ from .losses import entropy_from_logits, token_logprobs
 
 __all__ = [
     "Batch",
+    "chat_prompt",
     "encode_prompts",
     "sequence_logprobs",
+    "first_scored_column",
     "generate_batch",
     "build_segments_batch",
     "build_sft_batch",
@@ -117,9 +119,22 @@ class Batch:
         return Batch(**moved)
 
 
-def encode_prompts(tokenizer, prompts: list[str], device=None) -> dict[str, torch.Tensor]:
-    """Left-padded ``input_ids`` and ``attention_mask`` for a list of prompt strings."""
-    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+def chat_prompt(tokenizer, prompt: str) -> str:
+    """``prompt`` as the user's turn of the tokenizer's chat template, with the assistant's turn
+    opened: the text an instruct model was trained to continue (its default system turn
+    included, when its template adds one)."""
+    messages = [{"role": "user", "content": prompt}]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompts(
+    tokenizer, prompts: list[str], device=None, *, add_special_tokens: bool = True
+) -> dict[str, torch.Tensor]:
+    """Left-padded ``input_ids`` and ``attention_mask`` for a list of prompt strings
+    (``add_special_tokens=False`` for text that a chat template already framed)."""
+    enc = tokenizer(
+        prompts, return_tensors="pt", padding=True, add_special_tokens=add_special_tokens
+    )
     return {
         "input_ids": enc["input_ids"].to(device),
         "attention_mask": enc["attention_mask"].to(device),
@@ -140,29 +155,45 @@ def sequence_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     with_logits: bool = False,
+    start: int = 1,
+    entropy_grad: bool = True,
 ):
     """Per-token log-probs ``[B, T]`` (column 0 is 0) of ``input_ids`` under ``model``
     at ``temperature``.
 
     With ``with_entropy=True`` also returns the entropy ``[B, T]`` of the distribution each token
-    was drawn from; with ``with_logits=True`` also (last) the model's raw logits ``[B, T, V]``
-    (column ``t`` predicts token ``t + 1``), for a loss that reads other tokens from the same
-    forward pass (GCD's judgement). Gradients flow unless called under ``torch.no_grad()``.
+    was drawn from (without a gradient if ``entropy_grad=False``: for logging only); with
+    ``with_logits=True`` also (last) the model's raw logits (column ``t`` predicts token
+    ``t + 1``), for a loss that reads other tokens from the same forward pass (GCD's judgement).
+    ``start``: only columns ``>= start`` are computed, the others are 0. Pass the first column a
+    loss can see (:func:`first_scored_column`) to skip the prompt's logits: on a pretrained model
+    the LM head over a 49k-word vocabulary, and the softmaxes after it, cost as much as the whole
+    transformer. Gradients flow unless called under ``torch.no_grad()``.
     """
     out = model(
         input_ids=input_ids,
         attention_mask=attention_mask,
         position_ids=_position_ids(attention_mask),
+        logits_to_keep=input_ids.shape[1] - start + 1,  # the logits at columns start-1 .. T-1
     )
-    logits = out.logits[:, :-1] / temperature
-    logp = token_logprobs(logits, input_ids[:, 1:])
-    logp = torch.nn.functional.pad(logp, (1, 0), value=0.0)
+    logits = out.logits[:, :-1] / temperature  # column start-1+j predicts token start+j
+    logp = token_logprobs(logits, input_ids[:, start:])
+    logp = torch.nn.functional.pad(logp, (start, 0), value=0.0)
     results = (logp,)
     if with_entropy:
-        results += (torch.nn.functional.pad(entropy_from_logits(logits), (1, 0), value=0.0),)
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits)
+        results += (torch.nn.functional.pad(entropy, (start, 0), value=0.0),)
     if with_logits:
         results += (out.logits,)
     return results[0] if len(results) == 1 else results
+
+
+def first_scored_column(loss_mask: torch.Tensor) -> int:
+    """The first column where any row's ``loss_mask`` is 1 (at least 1): everything before it is
+    prompt, for every row, so its log-probs are never needed."""
+    scored = loss_mask.any(0).nonzero()
+    return max(1, int(scored[0])) if len(scored) else 1
 
 
 def _completion_mask(
@@ -196,19 +227,23 @@ def generate_batch(
     greedy: bool = False,
     ref_model=None,
     compute_old_logprobs: bool = True,
+    chat: bool = False,
 ) -> Batch:
     """Sample ``num_generations`` completions per problem and score them into a Batch.
 
     Rows ``i*G .. i*G+G-1`` answer ``problems[i]`` and share ``group_id == i``. Sampling is plain
     ancestral sampling at ``temperature`` (no top-k/top-p), with the KV cache on. A completion that
     hits ``max_completion_length`` without EOS is *truncated*: all its tokens stay in ``loss_mask``
-    and the task scores it as a format failure.
+    and the task scores it as a format failure. With ``chat=True`` each prompt is sent as a user
+    turn of the model's chat template (:func:`chat_prompt`); the template's tokens, like every
+    prompt token, get ``loss_mask`` 0.
     """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    prompts = [p.prompt for p in problems for _ in range(num_generations)]
-    enc = encode_prompts(tokenizer, prompts, device)
+    texts = [chat_prompt(tokenizer, p.prompt) if chat else p.prompt for p in problems]
+    prompts = [t for t in texts for _ in range(num_generations)]
+    enc = encode_prompts(tokenizer, prompts, device, add_special_tokens=not chat)
     gen_kwargs = dict(
         max_new_tokens=max_completion_length,
         pad_token_id=tokenizer.pad_token_id,
@@ -263,11 +298,16 @@ def generate_batch(
     )
     if compute_old_logprobs:
         batch.old_logprobs = (
-            sequence_logprobs(model, input_ids, attention_mask, temperature=temperature) * loss_mask
+            sequence_logprobs(
+                model, input_ids, attention_mask, temperature=temperature, start=prompt_len
+            )
+            * loss_mask
         )
     if ref_model is not None:
         batch.ref_logprobs = (
-            sequence_logprobs(ref_model, input_ids, attention_mask, temperature=temperature)
+            sequence_logprobs(
+                ref_model, input_ids, attention_mask, temperature=temperature, start=prompt_len
+            )
             * loss_mask
         )
     model.train(was_training)

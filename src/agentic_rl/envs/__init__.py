@@ -14,8 +14,9 @@ from .household import HouseholdEnv
 from .multiaction import MultiActionEnv
 from .multiply import MultiplyEnv
 from .sokoban import SokobanEnv
+from .sums import SumsTask
 
-TASKS = {"addition": AdditionTask}
+TASKS = {"addition": AdditionTask, "sums": SumsTask}
 ENVS = {
     "bandit": BanditEnv,
     "filesystem": FileSystemEnv,
@@ -52,6 +53,7 @@ __all__ = [
     "MultiTurnEnv",
     "MultiplyEnv",
     "SokobanEnv",
+    "SumsTask",
     "Problem",
     "Score",
     "Task",

@@ -1,0 +1,101 @@
+"""What a GRPO step of the ``pretrained`` profile costs (SmolLM2-135M-Instruct + LoRA), and where.
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_pretrained.py [--steps 6] [--out bench_pretrained.json]
+
+1. Loading the packaged model (GGUF, dequantized to float32): seconds, once.
+2. Whole GRPO steps of the profile (4 prompts x 4 answers, 12 tokens at most, KL to the base
+   logged): median step time, the rollout's generated tokens per second (sampling, scoring and the
+   reference's log-probs), and the update (loss forward, backward, AdamW) as the rest.
+3. The loss stage (forward, loss, backward) on one fixed rollout batch with ``skip_prompt_logits``
+   on and off, timed in turn: what leaving out the LM head over the prompt saves.
+
+Medians over the steps (after one warm-up step); the machine is shared, so quote medians, and run
+with one thread. Runs on CUDA when one is available (``--device``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+try:
+    import agentic_rl  # noqa: F401
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "src"))
+
+import torch
+
+from agentic_rl.config import GRPOConfig
+from agentic_rl.models import load_pretrained
+from agentic_rl.train import GRPOTrainer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=6, help="timed steps (after one warm-up)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    args = ap.parse_args()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.manual_seed(0)
+
+    t0 = time.perf_counter()
+    base = load_pretrained("smollm2-135m-instruct")
+    load_s = time.perf_counter() - t0
+
+    config = GRPOConfig.from_profile(
+        "pretrained", disable_tqdm=True, device=args.device, max_steps=args.steps + 1
+    )
+    trainer = GRPOTrainer(config, base=(copy.deepcopy(base[0]), base[1]))
+    trainer.grpo_step()  # warm-up
+    rows = [trainer.grpo_step() for _ in range(args.steps)]
+    step = statistics.median(r["step_time"] for r in rows)
+    tok_s = statistics.median(r["tokens_per_s"] for r in rows)
+    gen_tokens = [
+        r["completion_length"] * config.prompts_per_step * config.num_generations for r in rows
+    ]
+    rollout = statistics.median(n / r["tokens_per_s"] for n, r in zip(gen_tokens, rows))
+
+    batch = trainer.rollout()
+    adv = trainer.compute_advantages(batch)
+    times = {True: [], False: []}
+    for _ in range(args.steps):
+        for skip in (True, False):
+            trainer.config = dataclasses.replace(config, skip_prompt_logits=skip)
+            trainer.model.zero_grad(set_to_none=True)
+            t = time.perf_counter()
+            loss, _ = trainer.compute_loss(batch, adv)
+            loss.backward()
+            times[skip].append(time.perf_counter() - t)
+    loss_on, loss_off = (statistics.median(times[k]) for k in (True, False))
+
+    figures = {
+        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s)",
+        "device": str(trainer.device),
+        "load_s": round(load_s, 1),
+        "step_s": round(step, 2),
+        "rollout_s": round(rollout, 2),
+        "update_s": round(step - rollout, 2),
+        "generated_tokens_per_s": round(tok_s, 1),
+        "sequences_per_step": config.prompts_per_step * config.num_generations,
+        "batch_shape": list(batch.input_ids.shape),
+        "loss_stage_skip_prompt_logits_s": round(loss_on, 2),
+        "loss_stage_all_logits_s": round(loss_off, 2),
+    }
+    for k, v in figures.items():
+        print(f"{k:34} {v}")
+    print(f"skip_prompt_logits saves {1 - loss_on / loss_off:.0%} of the loss stage")
+    if args.out:
+        with open(args.out, "w") as fh:
+            json.dump(figures, fh, indent=2)
+
+
+if __name__ == "__main__":
+    main()
