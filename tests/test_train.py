@@ -129,7 +129,8 @@ def test_grpo_improves_sampled_accuracy():
 
 # --------------------------------------------------------------------------- checkpoints and resume
 
-RESUME = dict(sft_steps=30, max_steps=6, save_steps=2, learning_rate=1e-3)
+# log_kl: keep pi_ref, so that the resume has to restore it too (and the KL column is a number)
+RESUME = dict(sft_steps=30, max_steps=6, save_steps=2, learning_rate=1e-3, log_kl=True)
 
 
 @pytest.fixture(scope="module")
@@ -294,7 +295,7 @@ def test_metrics_match_the_batch(tiny_config):
             self.batches.append((batch, logp * batch.loss_mask))
             return batch
 
-    config = tiny_config(sft_steps=30, max_steps=6, learning_rate=1e-3)
+    config = tiny_config(sft_steps=30, max_steps=6, learning_rate=1e-3, log_kl=True)  # the kl column too
     trainer = Capturing(config)
     trainer.train()
     G, P = config.num_generations, config.prompts_per_step

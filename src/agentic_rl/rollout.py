@@ -22,6 +22,8 @@ __all__ = [
     "chat_prompt",
     "encode_prompts",
     "sequence_logprobs",
+    "shared_prefix_logprobs",
+    "sample_shared_prefix",
     "first_scored_column",
     "generate_batch",
     "build_segments_batch",
@@ -189,6 +191,129 @@ def sequence_logprobs(
     return results[0] if len(results) == 1 else results
 
 
+def shared_prompts(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_len: int):
+    """Which rows share their first ``prompt_len`` columns with the row before them: the index
+    ``[B]`` of each row's prompt among the distinct consecutive prompts, and the number of those.
+    A GRPO batch is ``G`` copies of each prompt in a row (:func:`generate_batch`)."""
+    head = torch.cat([input_ids[:, :prompt_len], attention_mask[:, :prompt_len]], dim=1)
+    new = torch.ones(len(head), dtype=torch.bool, device=head.device)
+    new[1:] = (head[1:] != head[:-1]).any(1)  # a row starts a new prompt when its head differs
+    return new.cumsum(0) - 1, int(new.sum())
+
+
+def shared_prefix_logprobs(
+    model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    prompt_len: int,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = True,
+):
+    """:func:`sequence_logprobs` (with ``start=prompt_len``) for rows that come in runs sharing one
+    prompt, each prompt encoded once: the fast path beside the plain one, equal to it up to float
+    summation order (``tests/test_speed.py``).
+
+    A GRPO batch holds each prompt ``G`` times. The plain pass runs the transformer over all
+    ``B x T`` tokens; this one runs it over the ``B / G`` distinct prompts, keeps their keys and
+    values (with their gradients), hands each row its prompt's copy, and runs the completions on
+    top, as :meth:`generate` does with its KV cache. The gradient reaching a prompt's keys and
+    values is the sum over its ``G`` completions, as in the plain pass. On the quick profile
+    (7-token prompts, 8-token completions, G = 8) the transformer sees 41 % fewer tokens.
+    """
+    index, n_prompts = shared_prompts(input_ids, attention_mask, prompt_len)
+    first = torch.zeros(n_prompts, dtype=torch.long, device=input_ids.device)
+    first[index.flip(0)] = torch.arange(len(index) - 1, -1, -1, device=input_ids.device)
+    positions = _position_ids(attention_mask)
+    head_mask = attention_mask[first, :prompt_len]
+    head = model(  # each distinct prompt once; its last logits predict the first completion token
+        input_ids=input_ids[first, :prompt_len],
+        attention_mask=head_mask,
+        position_ids=positions[first, :prompt_len],
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = head.past_key_values
+    cache.batch_select_indices(
+        index
+    )  # row i gets its prompt's keys and values (a differentiable copy)
+    logits = head.logits[index]  # column prompt_len - 1 + j predicts token prompt_len + j
+    if input_ids.shape[1] - 1 > prompt_len:
+        tail = model(  # the completions, attending to their prompt through the cache
+            input_ids=input_ids[:, prompt_len:-1],
+            attention_mask=attention_mask[:, :-1],
+            position_ids=positions[:, prompt_len:-1],
+            past_key_values=cache,
+            use_cache=True,
+        )
+        logits = torch.cat([logits, tail.logits], dim=1)
+    logits = logits / temperature
+    logp = token_logprobs(logits, input_ids[:, prompt_len:])
+    results = (torch.nn.functional.pad(logp, (prompt_len, 0), value=0.0),)
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits)
+        results += (torch.nn.functional.pad(entropy, (prompt_len, 0), value=0.0),)
+    return results[0] if len(results) == 1 else results
+
+
+@torch.no_grad()
+def sample_shared_prefix(
+    model,
+    enc: dict[str, torch.Tensor],
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    eos_token_id: int,
+    pad_token_id: int,
+    temperature: float = 1.0,
+    greedy: bool = False,
+) -> torch.Tensor:
+    """``model.generate`` for ``num_generations`` samples of each distinct prompt in ``enc``
+    (left-padded), each prompt encoded once: the fast path beside ``generate``, the same sampler
+    (softmax at ``temperature``, one ``torch.multinomial`` draw per step, no top-k/top-p; greedy:
+    argmax) with the prompt's keys and values shared by its ``G`` rows. Returns ``[B, P + L]``
+    like ``generate``: pad after a row's EOS, and it stops once every row has ended.
+    """
+    prompt_mask = enc["attention_mask"]
+    out = model(
+        input_ids=enc["input_ids"],
+        attention_mask=prompt_mask,
+        position_ids=_position_ids(prompt_mask),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(num_generations)
+    logits = out.logits[:, -1].repeat_interleave(num_generations, dim=0)
+    mask = prompt_mask.repeat_interleave(num_generations, dim=0)
+    position = mask.sum(1, keepdim=True)  # the next token's position (positions count real tokens)
+    tokens, done = [], torch.zeros(len(mask), dtype=torch.bool, device=mask.device)
+    ones = torch.ones_like(mask[:, :1])
+    for step in range(max_new_tokens):
+        if greedy:
+            token = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits.float() / temperature, dim=-1)
+            token = torch.multinomial(probs, num_samples=1).squeeze(1)
+        token = token.masked_fill(done, pad_token_id)  # a finished row only pads
+        tokens.append(token)
+        done |= token == eos_token_id
+        if step + 1 == max_new_tokens or bool(done.all()):
+            break
+        mask = torch.cat([mask, ones], dim=1)
+        logits = model(
+            input_ids=token[:, None],
+            attention_mask=mask,
+            position_ids=position + step,
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[:, -1]
+    prompt_ids = enc["input_ids"].repeat_interleave(num_generations, dim=0)
+    return torch.cat([prompt_ids, torch.stack(tokens, dim=1)], dim=1)
+
+
 def first_scored_column(loss_mask: torch.Tensor) -> int:
     """The first column where any row's ``loss_mask`` is 1 (at least 1): everything before it is
     prompt, for every row, so its log-probs are never needed."""
@@ -228,6 +353,7 @@ def generate_batch(
     ref_model=None,
     compute_old_logprobs: bool = True,
     chat: bool = False,
+    share_prompt_prefix: bool = False,
 ) -> Batch:
     """Sample ``num_generations`` completions per problem and score them into a Batch.
 
@@ -236,24 +362,35 @@ def generate_batch(
     hits ``max_completion_length`` without EOS is *truncated*: all its tokens stay in ``loss_mask``
     and the task scores it as a format failure. With ``chat=True`` each prompt is sent as a user
     turn of the model's chat template (:func:`chat_prompt`); the template's tokens, like every
-    prompt token, get ``loss_mask`` 0.
+    prompt token, get ``loss_mask`` 0. With ``share_prompt_prefix=True`` each prompt is encoded
+    once for its ``G`` samples (:func:`sample_shared_prefix`, :func:`shared_prefix_logprobs`):
+    the same sampler and random draws as ``generate``, with log-probs equal up to float
+    summation order (so a token can differ only where a draw falls within that of a boundary).
     """
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     texts = [chat_prompt(tokenizer, p.prompt) if chat else p.prompt for p in problems]
-    prompts = [t for t in texts for _ in range(num_generations)]
-    enc = encode_prompts(tokenizer, prompts, device, add_special_tokens=not chat)
     gen_kwargs = dict(
         max_new_tokens=max_completion_length,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
     )
-    if greedy:
-        gen_kwargs.update(do_sample=False)
+    if share_prompt_prefix:  # the fast path: each prompt encoded once
+        enc = encode_prompts(tokenizer, texts, device, add_special_tokens=not chat)
+        sequences = sample_shared_prefix(
+            model, enc, num_generations=num_generations, temperature=temperature, greedy=greedy,
+            **gen_kwargs,
+        )  # fmt: skip
+        enc = {k: v.repeat_interleave(num_generations, dim=0) for k, v in enc.items()}
     else:
-        gen_kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-    sequences = model.generate(**enc, **gen_kwargs)
+        prompts = [t for t in texts for _ in range(num_generations)]
+        enc = encode_prompts(tokenizer, prompts, device, add_special_tokens=not chat)
+        if greedy:
+            gen_kwargs.update(do_sample=False)
+        else:
+            gen_kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+        sequences = model.generate(**enc, **gen_kwargs)
     prompt_len = enc["input_ids"].shape[1]
     completion_ids = sequences[:, prompt_len:]
     completion_mask, truncated = _completion_mask(completion_ids, tokenizer.eos_token_id)
@@ -296,20 +433,20 @@ def generate_batch(
         format_ok=torch.tensor([s.format_ok for s in scores], device=device),
         completions=texts,
     )
+
+    def logprobs(m):
+        if share_prompt_prefix:
+            return shared_prefix_logprobs(
+                m, input_ids, attention_mask, temperature=temperature, prompt_len=prompt_len
+            )
+        return sequence_logprobs(
+            m, input_ids, attention_mask, temperature=temperature, start=prompt_len
+        )
+
     if compute_old_logprobs:
-        batch.old_logprobs = (
-            sequence_logprobs(
-                model, input_ids, attention_mask, temperature=temperature, start=prompt_len
-            )
-            * loss_mask
-        )
+        batch.old_logprobs = logprobs(model) * loss_mask
     if ref_model is not None:
-        batch.ref_logprobs = (
-            sequence_logprobs(
-                ref_model, input_ids, attention_mask, temperature=temperature, start=prompt_len
-            )
-            * loss_mask
-        )
+        batch.ref_logprobs = logprobs(ref_model) * loss_mask
     model.train(was_training)
     return batch
 

@@ -90,6 +90,7 @@ from .rollout import (
     first_scored_column,
     generate_batch,
     sequence_logprobs,
+    shared_prefix_logprobs,
 )
 from .utils import seed_everything
 
@@ -424,6 +425,7 @@ class GRPOTrainer:
             ref_model=self.ref_model,
             compute_old_logprobs=c.num_iterations > 1 or c.num_minibatches > 1,
             chat=self.chat,
+            share_prompt_prefix=c.share_prompt_prefix,
         )
 
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
@@ -439,15 +441,7 @@ class GRPOTrainer:
         aggregated by ``loss_type``. ``outputs``: the policy's ``(logprobs, entropy)`` of this
         batch when the caller already ran the forward pass (a subclass adding a loss on it)."""
         c = self.config
-        logprobs, entropy = outputs or sequence_logprobs(
-            self.model,
-            batch.input_ids,
-            batch.attention_mask,
-            temperature=c.temperature,
-            with_entropy=True,
-            start=first_scored_column(batch.loss_mask) if c.skip_prompt_logits else 1,
-            entropy_grad=c.entropy_coeff > 0,  # else entropy is only logged
-        )
+        logprobs, entropy = outputs or self.policy_logprobs(batch)
         norm = self.max_generated_tokens  # the constant L of seq-mean-token-sum-norm (Dr. GRPO)
         # one gradient step per batch: pi_old is the policy itself, rho = 1
         old_logprobs = batch.old_logprobs if batch.old_logprobs is not None else logprobs.detach()
@@ -478,6 +472,27 @@ class GRPOTrainer:
                 "token-mean",
             ).item()
         return loss, metrics
+
+    def policy_logprobs(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """The policy's log-probs and entropies ``[B, T]`` of a batch's tokens, with gradients:
+        the loss's forward pass (each prompt once with ``share_prompt_prefix``)."""
+        c = self.config
+        entropy_grad = c.entropy_coeff > 0  # else entropy is only logged
+        start = first_scored_column(batch.loss_mask)
+        if c.share_prompt_prefix:
+            return shared_prefix_logprobs(
+                self.model, batch.input_ids, batch.attention_mask, prompt_len=start,
+                temperature=c.temperature, with_entropy=True, entropy_grad=entropy_grad,
+            )  # fmt: skip
+        return sequence_logprobs(
+            self.model,
+            batch.input_ids,
+            batch.attention_mask,
+            temperature=c.temperature,
+            with_entropy=True,
+            start=start if c.skip_prompt_logits else 1,
+            entropy_grad=entropy_grad,
+        )
 
     def filter_rows(self, batch: Batch) -> torch.Tensor | None:
         """The filter stage between advantages and loss: a ``[B]`` keep-mask, or ``None`` to

@@ -1,0 +1,131 @@
+"""The fast paths of issue 12, each tested equal to the plain one it stands beside.
+
+``share_prompt_prefix`` encodes each prompt once for its group, in sampling
+(:func:`sample_shared_prefix` beside ``model.generate``) and in the loss
+(:func:`shared_prefix_logprobs` beside :func:`sequence_logprobs`). Speed is measured in
+``benchmarks/bench_vs_trl.py``, never here.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from agentic_rl.models import add_lora
+from agentic_rl.rollout import (
+    first_scored_column,
+    generate_batch,
+    sequence_logprobs,
+    shared_prefix_logprobs,
+    shared_prompts,
+)
+from agentic_rl.train import GRPOTrainer
+
+
+def _batch(model, tokenizer, task, *, greedy=False, temperature=1.0, flag=False, seed=0, n=6):
+    problems = task.sample(n, random.Random(seed))
+    torch.manual_seed(seed)
+    return generate_batch(
+        model, tokenizer, task, problems, num_generations=4, max_completion_length=6,
+        temperature=temperature, greedy=greedy, share_prompt_prefix=flag, compute_old_logprobs=True,
+    )  # fmt: skip
+
+
+def _grads(model, logp, mask):
+    params = [p for p in model.parameters() if p.requires_grad]
+    return torch.autograd.grad((logp * mask).sum(), params)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_shared_prefix_logprobs_equal_the_plain_pass(model, tokenizer, task, temperature):
+    batch = _batch(model, tokenizer, task, temperature=temperature)
+    start = first_scored_column(batch.loss_mask)
+    ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask
+    plain, plain_ent = sequence_logprobs(
+        model, ids, att, temperature=temperature, with_entropy=True, start=start
+    )
+    fast, fast_ent = shared_prefix_logprobs(
+        model, ids, att, prompt_len=start, temperature=temperature, with_entropy=True
+    )
+    assert fast.shape == plain.shape
+    torch.testing.assert_close(fast * mask, plain * mask, rtol=0, atol=1e-5)
+    torch.testing.assert_close(fast_ent * mask, plain_ent * mask, rtol=0, atol=1e-5)
+    for g_fast, g_plain in zip(_grads(model, fast, mask), _grads(model, plain, mask)):
+        torch.testing.assert_close(g_fast, g_plain, rtol=1e-4, atol=1e-6)
+
+
+def test_shared_prefix_groups_are_found_and_the_saving_is_real(model, tokenizer, task):
+    batch = _batch(model, tokenizer, task)
+    start = first_scored_column(batch.loss_mask)
+    index, n = shared_prompts(batch.input_ids, batch.attention_mask, start)
+    assert n == 6  # six prompts, four samples each
+    assert torch.equal(index, batch.group_id)
+
+
+def test_rows_that_share_nothing_still_get_the_plain_logprobs(model, tokenizer, task):
+    batch = _batch(model, tokenizer, task)
+    rows = torch.arange(0, len(batch), 4)  # one row per group: no prompt is shared
+    sub = batch.select(rows)
+    start = first_scored_column(sub.loss_mask)
+    assert shared_prompts(sub.input_ids, sub.attention_mask, start)[1] == len(sub)
+    plain = sequence_logprobs(model, sub.input_ids, sub.attention_mask, start=start)
+    fast = shared_prefix_logprobs(model, sub.input_ids, sub.attention_mask, prompt_len=start)
+    torch.testing.assert_close(fast * sub.loss_mask, plain * sub.loss_mask, rtol=0, atol=1e-5)
+
+
+def test_one_token_completions(model, tokenizer, task):
+    """No tail pass when every completion is one token: the prompt's last logits are all."""
+    batch = _batch(model, tokenizer, task)
+    start = first_scored_column(batch.loss_mask)
+    ids, att = batch.input_ids[:, : start + 1], batch.attention_mask[:, : start + 1]
+    plain = sequence_logprobs(model, ids, att, start=start)
+    fast = shared_prefix_logprobs(model, ids, att, prompt_len=start)
+    torch.testing.assert_close(fast, plain, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("greedy", [True, False])
+def test_shared_prefix_sampling_draws_what_generate_draws(model, tokenizer, task, greedy):
+    """The same sampler as ``generate`` (softmax at temperature, one multinomial per step): the
+    same seed gives the same tokens, masks and scores."""
+    plain = _batch(model, tokenizer, task, greedy=greedy, temperature=0.8, seed=3)
+    fast = _batch(model, tokenizer, task, greedy=greedy, temperature=0.8, seed=3, flag=True)
+    for name in ("input_ids", "attention_mask", "loss_mask", "token_rewards", "group_id"):
+        assert torch.equal(getattr(fast, name), getattr(plain, name)), name
+    assert fast.completions == plain.completions
+    torch.testing.assert_close(fast.old_logprobs, plain.old_logprobs, rtol=0, atol=1e-5)
+
+
+def test_shared_prefix_under_lora_and_with_the_adapters_off(model, tokenizer, task):
+    lora = add_lora(model, r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    for p in (p for n, p in lora.named_parameters() if "lora_B" in n):
+        torch.nn.init.normal_(p, std=0.1)  # a trained adapter: the two policies differ
+    batch = _batch(lora, tokenizer, task)
+    start = first_scored_column(batch.loss_mask)
+    ids, att, mask = batch.input_ids, batch.attention_mask, batch.loss_mask
+    plain = sequence_logprobs(lora, ids, att, start=start)
+    fast = shared_prefix_logprobs(lora, ids, att, prompt_len=start)
+    torch.testing.assert_close(fast * mask, plain * mask, rtol=0, atol=1e-5)
+    for g_fast, g_plain in zip(_grads(lora, fast, mask), _grads(lora, plain, mask)):
+        assert g_fast.abs().sum() > 0  # the adapters get a gradient
+        torch.testing.assert_close(g_fast, g_plain, rtol=1e-4, atol=1e-6)
+    with lora.disable_adapter():
+        off = shared_prefix_logprobs(lora, ids, att, prompt_len=start)
+    assert not torch.allclose(off * mask, fast * mask)
+
+
+def test_a_grpo_run_with_the_fast_path_follows_the_plain_run(tiny_config):
+    """Three GRPO steps from the same seed: the same samples and rewards, losses and gradient
+    norms equal to float precision (the fast path changes the arithmetic's order, not the
+    algorithm)."""
+    runs = {}
+    for flag in (False, True):
+        trainer = GRPOTrainer(tiny_config(max_steps=3, share_prompt_prefix=flag, log_kl=True))
+        trainer.train()
+        runs[flag] = trainer.history
+    for plain, fast in zip(runs[False], runs[True]):
+        for key in ("reward_mean", "accuracy", "completion_length", "frac_reward_zero_std"):
+            assert fast[key] == plain[key], key
+        for key in ("loss", "grad_norm", "entropy", "kl"):
+            assert fast[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
