@@ -16,9 +16,14 @@ turn with a fresh cache). An untrained model ends some actions early (it samples
 at random), so the token count is counted, not assumed; both modes sample the same tokens for the same
 seed (the script checks it).
 
-Reported per mode: env steps/s (``batch * N`` steps per call) and generated tokens/s (the Batch's
-``loss_mask`` sum per call), from the median time over ``--repeats`` timed calls after one warm-up, and
-the speed-up of the cache. One torch thread by default.
+The two modes are timed interleaved, in one run: after one warm-up call of each, every repeat
+times one call of each mode back to back (alternating which goes first), so a load that comes and
+goes on the machine hits both. Reported per mode: env steps/s (``batch * N`` steps per call) and
+generated tokens/s (the Batch's ``loss_mask`` sum per call), from the median wall-clock time; and
+the speed-up of the cache, the median over the repeats of each pair's ratio (no-cache time /
+cache time), with its range, and the same ratio of the process's CPU time (``time.process_time``:
+what the rollout itself used, which another process's load disturbs less than the wall clock).
+One torch thread by default.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ import platform
 import random
 import statistics
 import sys
+import time
 
 import torch
+import transformers
 
 try:
     import agentic_rl  # noqa: F401
@@ -91,6 +98,7 @@ def machine_info(device: torch.device) -> dict:
         date=datetime.datetime.now().isoformat(timespec="seconds"),
         python=platform.python_version(),
         torch=torch.__version__,
+        transformers=transformers.__version__,
         torch_num_threads=torch.get_num_threads(),
         cpu_model=cpu_model,
         cpu_count=os.cpu_count(),
@@ -100,42 +108,65 @@ def machine_info(device: torch.device) -> dict:
     )
 
 
-def bench(model, tok, *, batch: int, turns: int, repeats: int, max_action_tokens: int, device, seed: int = 0) -> dict:
+def bench(
+    model, tok, *, batch: int, turns: int, repeats: int, max_action_tokens: int, device, seed=0
+) -> dict:
     seeds = list(range(batch))
-    out = {}
-    samples = {}
-    for reuse in (True, False):
 
-        def call():
-            torch.manual_seed(seed)
-            envs = [Hallway(turns) for _ in range(batch)]
-            return rollout_multiturn(model, tok, envs, seeds, max_action_tokens=max_action_tokens, reuse_cache=reuse)
-
-        times, b = timed(call, device, repeats=repeats)
-        steps = int(b.extras["num_turns"].sum())
-        tokens = int(b.loss_mask.sum())
-        med = statistics.median(times)
-        out["cache" if reuse else "nocache"] = dict(
-            times_s=times, median_s=med, min_s=min(times), env_steps=steps, tokens=tokens,
-            steps_per_s=steps / med, tokens_per_s=tokens / med, seq_len=int(b.input_ids.shape[1]),
+    def call(reuse: bool):
+        torch.manual_seed(seed)
+        envs = [Hallway(turns) for _ in range(batch)]
+        return rollout_multiturn(
+            model, tok, envs, seeds, max_action_tokens=max_action_tokens, reuse_cache=reuse
         )
-        samples[reuse] = b.input_ids
-    assert (out["cache"]["env_steps"] == batch * turns), "every episode should run the full number of turns"
-    out["identical_tokens"] = bool(torch.equal(samples[True], samples[False]))
-    out["speedup"] = out["nocache"]["median_s"] / out["cache"]["median_s"]
+
+    modes = {"cache": True, "nocache": False}
+    # one warm-up call of each mode; its Batch is the mode's samples
+    samples = {name: timed(lambda r=reuse: call(r), device, repeats=0)[1] for name, reuse in modes.items()}
+    wall = {name: [] for name in modes}
+    cpu = {name: [] for name in modes}
+    for k in range(repeats):  # interleaved: one call of each mode per repeat, alternating the order
+        for name in list(modes)[:: 1 if k % 2 == 0 else -1]:
+            c0 = time.process_time()
+            (t,), b = timed(lambda r=modes[name]: call(r), device, repeats=1, warmup=0)
+            cpu[name].append(time.process_time() - c0)
+            wall[name].append(t)
+            assert torch.equal(b.input_ids, samples[name].input_ids), "a mode must repeat its samples"
+    out = {}
+    for name in modes:
+        b = samples[name]
+        steps, tokens = int(b.extras["num_turns"].sum()), int(b.loss_mask.sum())
+        med = statistics.median(wall[name])
+        out[name] = {
+            "times_s": wall[name], "median_s": med, "min_s": min(wall[name]), "cpu_s": cpu[name],
+            "env_steps": steps, "tokens": tokens, "steps_per_s": steps / med, "tokens_per_s": tokens / med,
+            "seq_len": int(b.input_ids.shape[1]),
+        }
+    assert out["cache"]["env_steps"] == batch * turns, "every episode should run the full number of turns"
+    out["identical_tokens"] = bool(torch.equal(samples["cache"].input_ids, samples["nocache"].input_ids))
+    ratios = [n / c for c, n in zip(wall["cache"], wall["nocache"])]
+    out["pair_ratios"] = ratios
+    out["speedup"] = statistics.median(ratios)
+    out["speedup_of_medians"] = out["nocache"]["median_s"] / out["cache"]["median_s"]
+    out["speedup_cpu"] = statistics.median(n / c for c, n in zip(cpu["cache"], cpu["nocache"]))
     return out
 
 
 def table(results: dict) -> str:
     rows = [
-        "| turns | context tokens | env steps/s, cache | env steps/s, no cache | tokens/s, cache | tokens/s, no cache | speed-up | same tokens |",
-        "|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        (
+            "| turns | context tokens | env steps/s, cache | env steps/s, no cache | tokens/s, cache | "
+            "tokens/s, no cache | speed-up (range) | speed-up, CPU time | same tokens |"
+        ),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for n, r in results.items():
         c, nc = r["cache"], r["nocache"]
+        lo, hi = min(r["pair_ratios"]), max(r["pair_ratios"])
         rows.append(
-            f"| {n} | {c['seq_len']} | {c['steps_per_s']:,.0f} | {nc['steps_per_s']:,.0f} | {c['tokens_per_s']:,.0f} | "
-            f"{nc['tokens_per_s']:,.0f} | {r['speedup']:.2f}x | {'yes' if r['identical_tokens'] else 'NO'} |"
+            f"| {n} | {c['seq_len']} | {c['steps_per_s']:,.0f} | {nc['steps_per_s']:,.0f} | "
+            f"{c['tokens_per_s']:,.0f} | {nc['tokens_per_s']:,.0f} | {r['speedup']:.2f}x "
+            f"({lo:.2f}-{hi:.2f}) | {r['speedup_cpu']:.2f}x | {'yes' if r['identical_tokens'] else 'NO'} |"
         )
     return "\n".join(rows)
 
@@ -144,7 +175,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=64, help="episodes per rollout call [64]")
     p.add_argument("--turns", type=int, nargs="+", default=[2, 4, 8], help="turn counts to measure [2 4 8]")
-    p.add_argument("--repeats", type=int, default=3, help="timed calls per setting, after 1 warm-up [3]")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed calls per mode, interleaved, after 1 warm-up of each [3]")
     p.add_argument("--max-action-tokens", type=int, default=4, help="tokens per action at most [4]")
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default) [1]")
     p.add_argument("--device", default="auto", help="'auto', 'cpu', 'cuda', 'cuda:N' or 'mps' [auto]")
@@ -163,14 +195,20 @@ def main(argv=None) -> int:
         results[n] = bench(model, tok, batch=args.batch, turns=n, repeats=args.repeats,
                            max_action_tokens=args.max_action_tokens, device=device, seed=args.seed)
         r = results[n]
-        print(f"turns={n}: cache {r['cache']['median_s']:.3f} s, no cache {r['nocache']['median_s']:.3f} s", flush=True)
+        print(
+            f"turns={n}: cache {r['cache']['median_s']:.3f} s, no cache {r['nocache']['median_s']:.3f} s "
+            f"(medians); speed-up {r['speedup']:.2f}x (pairs: {', '.join(f'{x:.2f}' for x in r['pair_ratios'])}), "
+            f"CPU time {r['speedup_cpu']:.2f}x; same tokens: {'yes' if r['identical_tokens'] else 'NO'}",
+            flush=True,
+        )
     if hasattr(os, "getloadavg"):
         info["loadavg_end"] = os.getloadavg()
     md = table(results)
     desc = info["cuda_device_name"] or info["cpu_model"] or platform.processor() or "unknown CPU"
-    print(f"\n{desc}, {info['cpu_count']} CPUs, torch {info['torch']}, {info['torch_num_threads']} thread(s), "
+    print(f"\n{desc}, {info['cpu_count']} CPUs, torch {info['torch']}, transformers {info['transformers']}, "
+          f"{info['torch_num_threads']} thread(s), "
           f"device {info['device']}, {info['parameters']:,} parameters, batch {args.batch}, "
-          f"<= {args.max_action_tokens} tokens per action; medians of {args.repeats} after 1 warm-up; "
+          f"<= {args.max_action_tokens} tokens per action; {args.repeats} interleaved repeats after 1 warm-up each; "
           f"load average {info['loadavg_start']} -> {info.get('loadavg_end')}\n")
     print(md)
     if args.out:

@@ -1,7 +1,8 @@
 """The multi-turn agent loop: masks, rewards and turn ids of the Batch; that the log-probs recorded while
 sampling (KV cache reused across turns, masked pads in the middle of rows) are the log-probs the loss
-recomputes on the compacted batch; that the cached and the naive loop sample the same tokens; and that
-malformed, overlong or finished episodes are handled per the environment.
+recomputes on the compacted batch; that the cached and the naive loop sample the same tokens; that the
+rollout's preallocated history and in-place KV cache give bit-identical results to transformers' own
+cache; and that malformed, overlong or finished episodes are handled per the environment.
 
 Everything runs against a small mock environment defined here (a corridor), not a real env module.
 """
@@ -397,3 +398,44 @@ def test_validation_errors(ctok, policy):
         rollout_multiturn(policy, ctok, [Corridor()], [0], max_action_tokens=0)
     with pytest.raises(ValueError):
         rollout_multiturn(policy, ctok, [Corridor()], [0], temperature=0.0)
+
+
+def test_buffer_grows_and_keeps_position_ids():
+    """The preallocated history: appends past its capacity keep every field, and the incremental
+    position ids are the cumulative-mask ones of the whole history."""
+    from agentic_rl.multiturn import _Buffer
+    from agentic_rl.rollout import _position_ids
+
+    gen = torch.Generator().manual_seed(0)
+    buf = _Buffer(3, 2, torch.device("cpu"))
+    ids, attn = [], []
+    for n in (2, 1, 3, 1, 1, 4):
+        x = torch.randint(5, 20, (3, n), generator=gen)
+        a = (torch.rand(3, n, generator=gen) > 0.3).long()
+        buf.append(x, a, loss=a, turn=a * 7 - 1, logp=-a.float())
+        ids.append(x)
+        attn.append(a)
+    ids, attn = torch.cat(ids, 1), torch.cat(attn, 1)
+    assert buf.width == 12 and torch.equal(buf.ids, ids) and torch.equal(buf.attn, attn)
+    assert torch.equal(buf.pos, _position_ids(attn))
+    assert torch.equal(buf.loss, attn) and torch.equal(buf.turn, attn * 7 - 1)
+    assert torch.equal(buf.logp, -attn.float()) and not buf.reward.any()
+
+
+def test_growing_cache_is_bit_identical_to_the_stock_cache(ctok, policy, monkeypatch):
+    """The rollout's in-place KV cache gives exactly the samples and log-probs of transformers'
+    ``DynamicCache`` (which concatenates at every step)."""
+    import agentic_rl.multiturn as mt
+
+    layers = mt._new_cache(policy.config, torch.device("cpu"), 8).layers
+    assert layers and all(isinstance(layer, mt._GrowingLayer) for layer in layers)
+    out = []
+    for stock in (False, True):
+        if stock:
+            stock_cache = lambda config, device, capacity: mt.DynamicCache(config=config)
+            monkeypatch.setattr(mt, "_new_cache", stock_cache)
+        batch, _ = _run(policy, ctok, n=12, seed=3, max_action_tokens=3)
+        out.append(batch)
+    assert torch.equal(out[0].input_ids, out[1].input_ids)
+    assert torch.equal(out[0].old_logprobs, out[1].old_logprobs)
+    assert torch.equal(out[0].token_rewards, out[1].token_rewards)

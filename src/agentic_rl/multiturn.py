@@ -26,50 +26,164 @@ returned batch (the test of this module), and why PPO's ratio starts at exactly 
 ``reuse_cache=False`` is the naive baseline: at the start of every turn it drops the cache and
 re-encodes the whole history. It samples the same tokens; only the speed differs
 (``benchmarks/bench_multiturn.py``).
+
+**What a decoding step costs.** On the benchmark (quick-profile model, 64 episodes, 8 turns, one
+CPU thread) the model's forward passes are ~80 % of the cached loop's time, so the loop around them
+is kept lean, without changing a single number the model sees: the history and the KV cache live
+in preallocated storage that doubles when full (:class:`_Buffer`, :class:`_GrowingLayer`: an
+append writes in place instead of ``torch.cat``-ing everything so far at every token), position ids
+are kept incrementally, the end of an action (EOS, stop word) is detected on tensors, and the
+tokenizer is called once per turn for the whole batch (observations in, actions out) instead of
+once per row. The samples and log-probs stay bit-identical to those of the plain ``torch.cat``,
+per-row version this replaced (checked on the recipes' rollouts; ``tests/test_multiturn.py``
+compares the cache with transformers' own).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import ClassVar
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
-from .rollout import Batch, _position_ids, sequence_logprobs
+from .rollout import Batch, sequence_logprobs
 
 __all__ = ["rollout_multiturn"]
 
 
 class _Buffer:
-    """The batch's padded token history, ``[B, L]`` per field,
-    grown column chunk by column chunk."""
+    """The batch's padded token history, ``[B, width]`` per field, grown column chunk by column
+    chunk.
 
-    def __init__(self, ids: torch.Tensor, attn: torch.Tensor):
-        self.ids, self.attn = ids, attn
-        zeros = torch.zeros(ids.shape, dtype=torch.long, device=ids.device)
-        self.loss = zeros.clone()
-        self.turn = zeros - 1
-        self.logp = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
-        self.reward = torch.zeros(ids.shape, dtype=torch.float32, device=ids.device)
+    The fields live in preallocated ``[B, capacity]`` storage that doubles when full, so appending a
+    column writes in place instead of copying the whole history (as ``torch.cat`` would) at every
+    decoding step. ``pos`` holds each column's position id, kept incrementally from the count of
+    real tokens per row: the same numbers as ``rollout._position_ids`` over the whole buffer.
+    """
+
+    #: each field and the value its unwritten columns hold
+    _FILL: ClassVar[dict[str, int | float]] = {
+        "ids": 0,
+        "attn": 0,
+        "pos": 0,
+        "loss": 0,
+        "turn": -1,
+        "logp": 0.0,
+        "reward": 0.0,
+    }
+
+    def __init__(self, batch: int, capacity: int, device):
+        self.width = 0
+        self.count = torch.zeros(batch, dtype=torch.long, device=device)  # real tokens per row
+        self._store = {
+            name: torch.full(
+                (batch, max(capacity, 1)),
+                fill,
+                dtype=torch.float32 if isinstance(fill, float) else torch.long,
+                device=device,
+            )
+            for name, fill in self._FILL.items()
+        }
+
+    def _view(name: str):  # a field's filled columns, a view of its storage
+        return property(lambda self: self._store[name][:, : self.width])
+
+    ids, attn, pos = _view("ids"), _view("attn"), _view("pos")
+    loss, turn, logp, reward = _view("loss"), _view("turn"), _view("logp"), _view("reward")
+    del _view
 
     @property
-    def width(self) -> int:
-        return self.ids.shape[1]
+    def capacity(self) -> int:
+        return self._store["ids"].shape[1]
 
-    def append(self, ids, attn, loss=None, turn=None, logp=None):
-        n = ids.shape[1]
-        self.ids = torch.cat([self.ids, ids], 1)
-        self.attn = torch.cat([self.attn, attn], 1)
-        self.loss = torch.cat([self.loss, loss if loss is not None else torch.zeros_like(attn)], 1)
-        self.turn = torch.cat(
-            [self.turn, turn if turn is not None else torch.full_like(attn, -1)], 1
-        )
-        self.logp = torch.cat(
-            [self.logp, logp if logp is not None else torch.zeros(attn.shape, device=attn.device)],
-            1,
-        )
-        self.reward = torch.cat([self.reward, torch.zeros(attn.shape, device=attn.device)], 1)
-        return n
+    def _reserve(self, width: int) -> None:
+        capacity = self.capacity
+        if width <= capacity:
+            return
+        capacity = max(width, 2 * capacity)
+        for name, old in self._store.items():
+            new = torch.full(
+                (old.shape[0], capacity), self._FILL[name], dtype=old.dtype, device=old.device
+            )
+            new[:, : self.width] = old[:, : self.width]
+            self._store[name] = new
+
+    def append(self, ids, attn, loss=None, turn=None, logp=None) -> int:
+        """Write ``ids.shape[1]`` new columns (unset fields keep their fill value: loss 0, turn -1,
+        logp 0, reward 0); return the index of the first."""
+        start = self.width
+        end = start + ids.shape[1]
+        self._reserve(end)
+        store, cols = self._store, slice(start, end)
+        store["ids"][:, cols] = ids
+        store["attn"][:, cols] = attn
+        store["pos"][:, cols] = (self.count.unsqueeze(1) + attn.cumsum(1) - 1).clamp(min=0)
+        self.count += attn.sum(1)
+        for name, value in (("loss", loss), ("turn", turn), ("logp", logp)):
+            if value is not None:
+                store[name][:, cols] = value
+        self.width = end
+        return start
+
+
+class _GrowingLayer(DynamicLayer):
+    """A :class:`~transformers.cache_utils.DynamicLayer` whose keys and values live in
+    preallocated storage that doubles when full: an update writes the new columns in place and
+    hands attention a view of the filled part, instead of ``torch.cat``-ing the whole cache at every
+    decoding step (a copy of the cache, per layer, per forward). Attention sees the same numbers,
+    only strided; on CPU SDPA's result is then bit-identical (checked), elsewhere
+    :func:`_new_cache` keeps the stock layer. Only for the rollout's own cache: ``crop`` and the
+    beam-search helpers are not supported."""
+
+    _k: torch.Tensor | None = None  # the storage, [B, heads, capacity, head_dim]
+    _v: torch.Tensor | None = None
+    _n: int = 0  # filled columns
+    _first: int = 0  # capacity of the first allocation (the history buffer's)
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if self._k is None:
+            self.dtype, self.device = key_states.dtype, key_states.device
+            self.is_initialized = True
+        end = self._n + key_states.shape[-2]
+        if self._k is None or end > self._k.shape[-2]:
+            capacity = max(end, self._first, 2 * (0 if self._k is None else self._k.shape[-2]))
+            k = key_states.new_empty(*key_states.shape[:-2], capacity, key_states.shape[-1])
+            v = value_states.new_empty(*value_states.shape[:-2], capacity, value_states.shape[-1])
+            if self._n:
+                k[..., : self._n, :] = self._k[..., : self._n, :]
+                v[..., : self._n, :] = self._v[..., : self._n, :]
+            self._k, self._v = k, v
+        self._k[..., self._n : end, :] = key_states
+        self._v[..., self._n : end, :] = value_states
+        self._n = end
+        self.keys, self.values = self._k[..., :end, :], self._v[..., :end, :]
+        return self.keys, self.values
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("the rollout's cache only grows")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("the rollout's cache only grows")
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        raise NotImplementedError("the rollout's cache only grows")
+
+
+def _new_cache(config, device: torch.device, capacity: int = 0) -> DynamicCache:
+    """An empty cache for ``model``; on CPU its full-attention layers are :class:`_GrowingLayer`
+    (first allocated for ``capacity`` columns)."""
+    cache = DynamicCache(config=config) if config is not None else DynamicCache()
+    if device.type == "cpu" and config is not None:
+        layers = []
+        for layer in cache.layers:
+            if type(layer) is DynamicLayer:
+                layer = _GrowingLayer()
+                layer._first = capacity
+            layers.append(layer)
+        cache.layers = layers
+    return cache
 
 
 def _left_pad(rows: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -109,14 +223,14 @@ def _compact(buf: _Buffer, pad: int):
             valid, torch.gather(x, 1, order), torch.full_like(torch.gather(x, 1, order), fill)
         )
 
-    out = dict(
-        input_ids=take(buf.ids, pad),
-        attention_mask=valid.long(),
-        loss_mask=take(buf.loss, 0),
-        turn_ids=take(buf.turn, -1),
-        old_logprobs=take(buf.logp, 0.0),
-        token_rewards=take(buf.reward, 0.0),
-    )
+    out = {
+        "input_ids": take(buf.ids, pad),
+        "attention_mask": valid.long(),
+        "loss_mask": take(buf.loss, 0),
+        "turn_ids": take(buf.turn, -1),
+        "old_logprobs": take(buf.logp, 0.0),
+        "token_rewards": take(buf.reward, 0.0),
+    }
     new_col = keep.long().cumsum(1) - 1
     return out, new_col
 
@@ -189,25 +303,31 @@ def rollout_multiturn(
     model.eval()
     try:
         # ---- reset: the context starts with <bos> + the first observation (left-padded) ----
-        first = [tokenizer(env.reset(seed))["input_ids"] for env, seed in zip(envs, seeds)]
-        buf = _Buffer(*_left_pad(first, pad, device))
+        # (one tokenizer call for the batch: the same ids as one call per text)
+        first = tokenizer([env.reset(seed) for env, seed in zip(envs, seeds)])["input_ids"]
+        ids, attn = _left_pad(first, pad, device)
+        buf = _Buffer(B, 2 * ids.shape[1] + 4 * max_action_tokens, device)
+        buf.append(ids, attn)
 
         cache, fed = None, 0
 
         def advance() -> torch.Tensor:
             """Feed the buffer's columns the cache has not seen yet; logits of the last column."""
             nonlocal cache, fed
-            positions = _position_ids(buf.attn)
-            out = model(
-                input_ids=buf.ids[:, fed:],
-                attention_mask=buf.attn,
-                position_ids=positions[:, fed:],
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-            )
+            width = buf.width
+            # inference mode: the same kernels as no_grad, less bookkeeping per op (the cache's
+            # tensors are created and used only in here)
+            with torch.inference_mode():
+                out = model(
+                    input_ids=buf.ids[:, fed:width].contiguous(),
+                    attention_mask=buf.attn.contiguous(),
+                    position_ids=buf.pos[:, fed:width].contiguous(),
+                    past_key_values=cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
             cache = out.past_key_values
-            fed = buf.width
+            fed = width
             return out.logits[:, -1].float()
 
         running = [True] * B
@@ -223,6 +343,8 @@ def rollout_multiturn(
         turn_end: list[list[int]] = [[] for _ in range(B)]  # buffer columns, mapped at the end
         turn_rewards: list[list[float]] = [[] for _ in range(B)]
         uniform = None
+        stop_t = torch.tensor(stop_ids, dtype=torch.long, device=device) if stop_ids else None
+        pad_t = torch.tensor(pad, dtype=torch.long, device=device)
 
         for turn in range(max(limits)):
             if not any(running):
@@ -230,13 +352,17 @@ def rollout_multiturn(
             if not reuse_cache or cache is None:
                 # the naive baseline re-encodes everything at every turn;
                 # the cached loop only at turn 0
-                cache = DynamicCache(config=config) if config is not None else DynamicCache()
+                cache = _new_cache(config, device, buf.capacity)
                 fed = 0
             logits = advance()  # cached: only the last action column + this observation chunk
 
+            # Rows generate in lockstep: a row that is still generating at step k sampled this
+            # turn's tokens at steps 0..k, in columns start..start+k; so this turn's tokens
+            # are ``sampled[i, :steps[i]]`` and its last column ``start + steps[i] - 1``.
             generating = torch.tensor(running, device=device)
-            gen: list[list[int]] = [[] for _ in range(B)]
-            last_col = [-1] * B
+            sampled = torch.full((B, max_action_tokens), pad, dtype=torch.long, device=device)
+            steps = torch.zeros(B, dtype=torch.long, device=device)
+            start = buf.width
             for k in range(max_action_tokens):
                 if k > 0:
                     logits = advance()  # the token sampled at step k-1
@@ -252,30 +378,29 @@ def rollout_multiturn(
                 logp = logp_all.gather(1, tok.unsqueeze(1)).squeeze(1)
                 g = generating.long()
                 buf.append(
-                    torch.where(generating, tok, torch.full_like(tok, pad)).unsqueeze(1),
+                    torch.where(generating, tok, pad_t).unsqueeze(1),
                     g.unsqueeze(1),
                     loss=g.unsqueeze(1),
-                    turn=torch.where(
-                        generating, torch.full_like(g, turn), torch.full_like(g, -1)
-                    ).unsqueeze(1),
+                    turn=(g * (turn + 1) - 1).unsqueeze(1),  # turn where generating, else -1
                     logp=torch.where(generating, logp, torch.zeros_like(logp)).unsqueeze(1),
                 )
-                col = buf.width - 1
-                tok_list = tok.tolist()
-                gen_list = generating.tolist()
-                for i in range(B):
-                    if not gen_list[i]:
-                        continue
-                    gen[i].append(tok_list[i])
-                    last_col[i] = col
-                    if tok_list[i] == eos or (stop_ids and gen[i][-len(stop_ids) :] == stop_ids):
-                        generating[i] = False
+                sampled[:, k] = tok
+                steps += g
+                # the action ends at EOS or once its tokens end with the stop word
+                ended = tok == eos if eos is not None else torch.zeros_like(generating)
+                if stop_t is not None and k + 1 >= len(stop_ids):
+                    ended |= (sampled[:, k + 1 - len(stop_ids) : k + 1] == stop_t).all(1)
+                generating &= ~ended
                 if not bool(generating.any()):
                     break
 
             # ---- the environments answer ----
             obs_rows: list[list[int]] = [[] for _ in range(B)]
             live = [i for i in range(B) if running[i]]
+            sampled_rows, steps_rows = sampled.tolist(), steps.tolist()
+            gen = {i: sampled_rows[i][: steps_rows[i]] for i in live}
+            last_col = {i: start + steps_rows[i] - 1 for i in live}
+            action_ids = []
             for i in live:
                 ids = gen[i]
                 if ids and ids[-1] == eos:
@@ -284,12 +409,18 @@ def rollout_multiturn(
                     ids = ids if keep_stop_word else ids[: -len(stop_ids)]
                 else:
                     missing_stop[i] += 1
-                actions[i].append(tokenizer.decode(ids, skip_special_tokens=False))
-            steps = _step_all([envs[i] for i in live], [actions[i][-1] for i in live])
-            for i, (obs, reward, done, info) in zip(live, steps):
+                action_ids.append(ids)
+            # one call for the batch: each row decoded as by ``decode``
+            texts = tokenizer.batch_decode(action_ids, skip_special_tokens=False)
+            for i, text in zip(live, texts):
+                actions[i].append(text)
+            results = _step_all([envs[i] for i in live], [actions[i][-1] for i in live])
+            to_encode: list[tuple[int, str]] = []  # (row, observation text)
+            rewards: list[float] = []
+            for i, (obs, reward, done, info) in zip(live, results):
                 info = info or {}
                 reward = float(reward)
-                buf.reward[i, last_col[i]] += reward
+                rewards.append(reward)
                 turn_end[i].append(last_col[i])
                 turn_rewards[i].append(reward)
                 num_turns[i] += 1
@@ -304,13 +435,26 @@ def rollout_multiturn(
                         # Cut by the turn limit, not ended: keep the final observation
                         # (loss_mask 0), so a critic can value the state the episode stopped
                         # in (bootstrapping).
-                        obs_rows[i] = tokenizer(obs, add_special_tokens=False)["input_ids"]
+                        to_encode.append((i, obs))
                 elif num_turns[i] >= limits[i]:
                     truncated[i], terminated[i], running[i] = True, False, False
                     if obs:  # cut here by the rollout's own limit: keep the final observation too
-                        obs_rows[i] = tokenizer(obs, add_special_tokens=False)["input_ids"]
+                        to_encode.append((i, obs))
                 else:
-                    obs_rows[i] = tokenizer(obs, add_special_tokens=False)["input_ids"]
+                    to_encode.append((i, obs))
+            # the reward sits on the last token of the turn's action
+            buf.reward.index_put_(
+                (
+                    torch.tensor(live, dtype=torch.long, device=device),
+                    torch.tensor([last_col[i] for i in live], dtype=torch.long, device=device),
+                ),
+                torch.tensor(rewards, dtype=torch.float32, device=device),
+                accumulate=True,
+            )
+            if to_encode:  # one tokenizer call for the turn's observations
+                encoded = tokenizer([o for _, o in to_encode], add_special_tokens=False)
+                for (i, _), ids in zip(to_encode, encoded["input_ids"]):
+                    obs_rows[i] = ids
             if any(running) or any(obs_rows):
                 buf.append(*_left_pad(obs_rows, pad, device))
     finally:
@@ -338,16 +482,16 @@ def rollout_multiturn(
         format_ok=t(format_ok, torch.bool),
         completions=[" ; ".join(a) for a in actions],
         turn_ids=fields["turn_ids"],
-        extras=dict(
-            success=t(success, torch.bool),
-            num_turns=t(num_turns, torch.long),
-            terminated=t(terminated, torch.bool),
-            truncated=t(truncated, torch.bool),
-            episode_return=t([sum(r) for r in turn_rewards], torch.float32),
-            missing_stop=t(missing_stop, torch.long),
-            turn_end=turn_end,
-            turn_rewards=turn_rewards,
-        ),
+        extras={
+            "success": t(success, torch.bool),
+            "num_turns": t(num_turns, torch.long),
+            "terminated": t(terminated, torch.bool),
+            "truncated": t(truncated, torch.bool),
+            "episode_return": t([sum(r) for r in turn_rewards], torch.float32),
+            "missing_stop": t(missing_stop, torch.long),
+            "turn_end": turn_end,
+            "turn_rewards": turn_rewards,
+        },
     )
     if ref_model is not None:
         ref_training = ref_model.training
