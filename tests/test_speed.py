@@ -129,3 +129,40 @@ def test_a_grpo_run_with_the_fast_path_follows_the_plain_run(tiny_config):
             assert fast[key] == plain[key], key
         for key in ("loss", "grad_norm", "entropy", "kl"):
             assert fast[key] == pytest.approx(plain[key], rel=1e-4, abs=1e-6), key
+
+
+def test_bf16_autocast_only_on_a_gpu_that_supports_it(monkeypatch):
+    import contextlib
+    import warnings
+
+    from agentic_rl.train import mixed_precision
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert isinstance(mixed_precision(cpu, True), contextlib.nullcontext)  # the CPU stays fp32
+    assert isinstance(mixed_precision(cuda, False), contextlib.nullcontext)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: False)
+    assert isinstance(mixed_precision(cuda, True), contextlib.nullcontext)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "CUDA is not available": this machine has no GPU
+        ctx = mixed_precision(cuda, True)
+    assert isinstance(ctx, torch.autocast) and ctx.fast_dtype == torch.bfloat16
+
+
+def test_the_full_profile_asks_for_bf16_on_a_gpu_only(monkeypatch):
+    from agentic_rl import config as config_mod
+    from agentic_rl.config import GRPOConfig
+
+    assert GRPOConfig.from_profile("full", device="cpu").bf16 is False
+    monkeypatch.setattr(config_mod, "_on_cuda", lambda device: True)
+    assert GRPOConfig.from_profile("full").bf16 is True
+    assert GRPOConfig.from_profile("full", bf16=False).bf16 is False  # what you set wins
+
+
+def test_bf16_on_the_cpu_changes_nothing(tiny_config):
+    runs = []
+    for flag in (False, True):  # one after the other: each seeds the global stream it samples from
+        runs.append(GRPOTrainer(tiny_config(bf16=flag)))
+        runs[-1].train()
+    assert runs[0].history[-1]["loss"] == runs[1].history[-1]["loss"]
+    assert runs[0].history[-1]["grad_norm"] == runs[1].history[-1]["grad_norm"]

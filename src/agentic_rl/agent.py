@@ -24,6 +24,7 @@ import copy
 import torch
 from torch import nn
 
+from . import distributed as dist
 from .advantages import explained_variance, gae, group_advantages, masked_mean, masked_whiten
 from .config import PPOConfig
 from .envs import make_env
@@ -198,9 +199,11 @@ class AgentTrainer(GRPOTrainer):
 
     def rollout(self) -> Batch:
         """``prompts_per_step`` fresh episode seeds, ``num_generations`` episodes each;
-        critic values attached."""
+        critic values attached. Under torchrun: this rank's share of the seeds (every rank draws
+        all of them, as one process would, and plays its contiguous share, whole groups)."""
         c = self.config
         seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        seeds = dist.shard(seeds)
         batch = self.play(seeds, group_size=c.num_generations, ref_model=self.ref_model)
         return self._attach_values(batch)
 

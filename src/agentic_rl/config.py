@@ -198,6 +198,13 @@ class RLConfig:
         "through the transformer on the quick profile. Off by default only so that the labs stay "
         "bit-identical to their stored outputs (float-order differences grow over a run).",
     )
+    bf16: bool = _f(
+        False,
+        "Mixed precision on a CUDA GPU that supports bfloat16: the forward passes of sampling and "
+        "of the loss run under torch.autocast(bfloat16); weights, gradients and AdamW stay "
+        "float32 (TRL's bf16=True). Ignored on the CPU, where runs stay float32. The GPU "
+        "version of the full profile turns it on.",
+    )
     entropy_coeff: float = _f(
         0.0,
         "Entropy bonus: the loss subtracts entropy_coeff times the mean entropy of the generated "
@@ -586,6 +593,7 @@ class GRPOConfig(RLConfig):
     }
 
     GPU_PROFILES: ClassVar[dict[str, dict]] = {
+        "full": dict(bf16=True),  # bfloat16 autocast where the GPU supports it
         # the pretrained profile on a GPU (device auto or cuda): 128 answers per step, 100 steps
         "pretrained": dict(
             prompts_per_step=16, num_generations=8, max_steps=100, eval_size=256, eval_samples=4

@@ -33,6 +33,7 @@ from .advantages import group_advantages
 from .agent import AgentTrainer
 from .config import ConfigError, RCGRPOConfig
 from .envs import FileSystemEnv
+from . import distributed as dist
 from .rollout import build_segments_batch
 from .train import _fixed_rng, run_recipe
 from .train import run_arms as train_arms
@@ -234,6 +235,8 @@ class RCGRPOTrainer(AgentTrainer):
         c = self.config
         seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
         tokens = self._draw_tokens(len(seeds), self.problem_rng)
+        # under torchrun: this rank's share of the tasks, each with its group's tokens
+        seeds, tokens = dist.shard(seeds), dist.shard(tokens)
         return self.play(
             seeds, group_size=c.num_generations, tokens=tokens, ref_model=self.ref_model
         )

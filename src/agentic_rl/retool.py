@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import torch
 
+from . import distributed as dist
 from . import sandbox
 from .agent import AgentTrainer
 from .config import ReToolConfig
@@ -260,6 +261,7 @@ class ReToolTrainer(AgentTrainer):
     def rollout(self) -> Batch:
         c = self.config
         seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        seeds = dist.shard(seeds)  # under torchrun: this rank's share, each with its whole group
         factor = 2 if c.resample_on_correct else 1
         batch = self.play(seeds, group_size=factor * c.num_generations, ref_model=self.ref_model)
         # the policy's own behaviour, measured before any down-sampling

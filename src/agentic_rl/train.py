@@ -55,7 +55,7 @@ import os
 import random
 import time
 import warnings
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
@@ -66,6 +66,7 @@ with warnings.catch_warnings():
     from tqdm.auto import tqdm
 
 from . import checkpoint as ckpt
+from . import distributed as dist
 from .advantages import group_advantages
 from .checkpoint import CheckpointError, ConfigMismatchError, run_lock
 from .config import ConfigError, GRPOConfig
@@ -110,6 +111,14 @@ CHECKPOINT = "checkpoint.pt"
 OUTPUT_FILES = (CHECKPOINT, "metrics.csv", "sft_metrics.csv", "summary.json")
 #: Config fields a resumed run may change (everything else must match the checkpoint's config).
 RESUMABLE_CHANGES = ("output_dir", "resume", "max_steps", "save_steps", "disable_tqdm", "device")
+
+
+def mixed_precision(device: torch.device, bf16: bool):
+    """``torch.autocast`` to bfloat16 when ``bf16`` is asked for and ``device`` is a CUDA GPU that
+    supports it (config field ``bf16``); otherwise a context that changes nothing."""
+    if bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 @contextmanager
@@ -203,8 +212,12 @@ class GRPOTrainer:
 
     def __init__(self, config: GRPOConfig, *, model=None, tokenizer=None, task=None, base=None):
         config.check_environment()  # config, device, output folder, memory: before any compute
+        self.device = dist.rank_device(get_device(config.device))
+        dist.init(self.device)  # under torchrun: join the other ranks (one process: nothing)
+        check_data_parallel(config, type(self))
+        if not dist.is_main():  # one progress bar: rank 0's
+            config = dataclasses.replace(config, disable_tqdm=True)
         self.config = config
-        self.device = get_device(config.device)
         self.task = task or self._make_task()
         seed_everything(config.seed)
         if model is None:
@@ -212,6 +225,12 @@ class GRPOTrainer:
         elif tokenizer is None:
             raise ValueError("pass the tokenizer together with the model")
         self.model = model.to(self.device)
+        # Under torchrun: the weights are rank 0's (broadcast, as DDP does), and rank r > 0's
+        # random streams restart from seed + r, so that the ranks sample different completions
+        # (rank 0's go on as one process's).
+        dist.broadcast([*self.model.parameters(), *self.model.buffers()])
+        if dist.rank() > 0:
+            seed_everything((config.seed + dist.rank()) % 2**32)
         self.tokenizer = tokenizer
         self.ref_model = None
         # training problems (its state is checkpointed)
@@ -361,6 +380,15 @@ class GRPOTrainer:
         for p in self.ref_model.parameters():
             p.requires_grad_(False)
 
+    def _sync_weights(self) -> None:
+        """Under torchrun: every rank takes rank 0's trainable weights (the policy's, a critic's)
+        and pi_ref's, so that all start RL from the same bits whatever the device's numerics
+        (CUDA's backward is not bit-deterministic); nothing to do in one process."""
+        tensors = [p for g in self.optimizer.param_groups for p in g["params"]]
+        if self.ref_model is not None and not isinstance(self.ref_model, AdaptersOff):
+            tensors += list(self.ref_model.parameters())
+        dist.broadcast(tensors)
+
     def _adapters_untouched(self) -> bool:
         """A LoRA policy whose every ``lora_B`` is still zero: it computes its base model."""
         if not self.config.use_lora or not hasattr(self.model, "disable_adapter"):
@@ -408,9 +436,12 @@ class GRPOTrainer:
 
     # ------------------------------------------------------------------ GRPO
     def rollout(self) -> Batch:
-        """Sample ``num_generations`` completions for each of ``prompts_per_step`` fresh prompts."""
+        """Sample ``num_generations`` completions for each of ``prompts_per_step`` fresh prompts
+        (under torchrun: for this rank's share of them)."""
         c = self.config
-        problems = self.task.sample(c.prompts_per_step, self.problem_rng)
+        # Every rank draws the step's prompts (the same draws as one process), then plays its
+        # contiguous share of them, each prompt's whole group.
+        problems = dist.shard(self.task.sample(c.prompts_per_step, self.problem_rng))
         # With mu = 1 the policy that sampled is the policy being updated, so pi_old's log-probs
         # are the loss's own (detached) log-probs: no separate forward pass is needed
         # (TRL does the same).
@@ -504,18 +535,29 @@ class GRPOTrainer:
         a subclass adds whether or not an update happened; none for GRPO."""
         return {}
 
-    def _optimizer_step(self, loss: torch.Tensor) -> tuple[float, bool]:
-        """Backward, clip, step;
-        skip the update (and say so) if the loss or gradient is not finite."""
+    def _optimizer_step(self, loss: torch.Tensor | None) -> tuple[float, bool]:
+        """Backward, average the gradients over the ranks (under torchrun), clip, step;
+        skip the update (and say so) if the loss or gradient is not finite.
+
+        ``loss=None`` (torchrun only): this rank has no rows in this gradient step; it joins the
+        average with a zero gradient."""
         self.optimizer.zero_grad(set_to_none=True)
-        if not torch.isfinite(loss):
+        finite = loss is None or bool(torch.isfinite(loss))
+        if not finite:
             warnings.warn(
                 f"GRPO step {self.step + 1}: loss is {loss.item()}; skipped this update",
                 RuntimeWarning,
                 stacklevel=2,
             )
-            return float("nan"), True
-        loss.backward()
+            if dist.world_size() == 1:
+                return float("nan"), True
+        elif loss is not None:
+            loss.backward()
+        # Under torchrun: the gradient of the step's whole batch, before clipping, so that every
+        # rank clips and steps alike. A rank whose loss is not finite makes it NaN on every rank,
+        # and every rank skips the update below.
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        dist.average_gradients(params, poison=not finite)
         # Clip each parameter group on its own (the policy; a critic, when there is one);
         # report the policy's.
         norms = [
@@ -535,6 +577,35 @@ class GRPOTrainer:
         self.optimizer.step()
         return grad_norm, False
 
+    def mixed_precision(self):
+        """The ``bf16`` autocast of this run's forward passes, or nothing (see
+        :func:`mixed_precision`)."""
+        return mixed_precision(self.device, self.config.bf16)
+
+    def _rank_share(self, mb: Batch | None) -> float:
+        """The weight ``w_r`` of this rank's loss under torchrun (1 in one process), so that the
+        ranks' averaged gradient ``(1/W) sum_r w_r g_r`` is the gradient of the loss over all
+        ranks' rows of the gradient step (see :mod:`agentic_rl.distributed`).
+
+        The loss is a mean over tokens (token-mean: ``w_r = W n_r / N``, with ``n_r`` this rank's
+        generated tokens and ``N`` all ranks'), a mean over rows (the seq-mean modes: the same with
+        the rows that have a token; 1 when every rank has as many), or a sum (token-sum: ``W``).
+        A second loss in the same scalar gets the same weight: a critic's value loss (a token
+        mean) is exact with token-mean, PPO's default; with the other modes, it and GCD's
+        judgement loss are (near) the mean of the ranks' means. ``mb=None``: no rows here.
+        """
+        w = dist.world_size()
+        if w == 1:
+            return 1.0
+        mask = mb.loss_mask if mb is not None else torch.zeros(0, 0)
+        tokens, rows = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+        all_tokens, all_rows = dist.sum_over_ranks([tokens, rows])
+        mode = self.config.agg_mode
+        if mode == "token-sum":
+            return float(w)
+        mine, everyone = (tokens, all_tokens) if mode == "token-mean" else (rows, all_rows)
+        return w * mine / everyone if everyone else 0.0
+
     def _minibatches(self, n: int) -> list[torch.Tensor | None]:
         """Row indices of each minibatch of one pass (``[None]``: the whole batch, no copy)."""
         k = self.config.num_minibatches
@@ -546,12 +617,19 @@ class GRPOTrainer:
     def grpo_step(self) -> dict:
         """One RL step: rollout, advantages, then ``num_iterations`` passes over the batch, each of
         ``num_minibatches`` gradient steps
-        (1 x 1 by default: one on-policy step, as GRPO and TRL)."""
+        (1 x 1 by default: one on-policy step, as GRPO and TRL).
+
+        Under torchrun each rank plays, scores, filters and differentiates its share of the step's
+        groups: group advantages are those of one process (a group is whole on one rank), while
+        batch-level statistics are the rank's own (PPO's advantage whitening; StarPO-S's filter
+        keeps the best of *its* groups). ``_optimizer_step`` averages the gradients, and the
+        history row describes the whole step, all ranks' rows."""
         c = self.config
         if self.ref_model is None and (c.beta > 0 or c.log_kl):
             self._make_ref_model()
         t0 = time.perf_counter()
-        batch = self.rollout()
+        with self.mixed_precision():  # bf16 autocast on a GPU when asked for (else nothing)
+            batch = self.rollout()
         t_rollout = time.perf_counter() - t0
         advantages = self.compute_advantages(batch)
         # the filter stage (StarPO-S, dynamic sampling): which rows enter the update
@@ -568,7 +646,8 @@ class GRPOTrainer:
             ("loss", "kl", "entropy", "clip_ratio", "approx_kl", "grad_norm", *self.extra_metrics),
             nan,
         )
-        if len(update) == 0:
+        (kept,) = dist.sum_over_ranks([len(update)])  # the rows that enter the update (all ranks')
+        if kept == 0:
             skipped = 1
             warnings.warn(
                 f"GRPO step {self.step + 1}: the filter kept no rollout (no group had the reward "
@@ -576,10 +655,26 @@ class GRPOTrainer:
                 RuntimeWarning,
                 stacklevel=2,
             )
-        for _ in range(c.num_iterations if len(update) else 0):  # mu passes over the batch ...
-            for part in self._minibatches(len(update)):  # ... of num_minibatches gradient steps
+        for _ in range(c.num_iterations if kept else 0):  # mu passes over the batch ...
+            parts = self._minibatches(len(update)) if len(update) else []
+            # ... of num_minibatches gradient steps (under torchrun, as many on every rank: a rank
+            # short of rows joins the other ranks' gradient steps with none, a zero gradient)
+            for part in dist.pad_to_longest(parts):
+                if part is dist.NO_ROWS:  # no rows here: a zero gradient, a share of the loss of 0
+                    self._rank_share(None)  # (the other ranks count their rows)
+                    grad_norm, skip = self._optimizer_step(None)
+                    skipped += int(skip)
+                    if not per_update and math.isnan(first["loss"]):
+                        first.update(loss=0.0, grad_norm=grad_norm)
+                    continue
                 mb = update if part is None else update.select(part)
-                loss, m = self.compute_loss(mb, update_adv if part is None else update_adv[part])
+                share = self._rank_share(mb)
+                with self.mixed_precision():
+                    loss, m = self.compute_loss(
+                        mb, update_adv if part is None else update_adv[part]
+                    )
+                if share != 1.0:
+                    loss = loss * share  # this rank's share of the step's loss (torchrun only)
                 grad_norm, skip = self._optimizer_step(loss)
                 skipped += int(skip)
                 per_update.append(m)
@@ -593,20 +688,30 @@ class GRPOTrainer:
             if per_update and key in per_update[0]:
                 first[key] = sum(x[key] for x in per_update) / len(per_update)
         self.step += 1
+        # The row describes the step's whole batch. Under torchrun: all ranks' rows (gathered) and
+        # counts (summed); the loss-side and recipe metrics are the means of the ranks' (exact for
+        # the loss, whose shares add up, and for means over rows or groups, which every rank holds
+        # as many of; the mean of the ranks' token means for the others).
         scores, gid = batch.scores, batch.group_id
         _, counts = torch.unique(gid, return_counts=True)
         zero_std = sum(
             bool((scores[gid == g] == scores[gid == g][0]).all()) for g in torch.unique(gid)
         )
-        gen_tokens = int(batch.loss_mask.sum())
+        zero_std, groups, gen_tokens = dist.sum_over_ranks(
+            [zero_std, len(counts), int(batch.loss_mask.sum())]
+        )
+        (t_rollout,) = dist.max_over_ranks([t_rollout])
+        scores = dist.gather_rows(scores)
+        correct, format_ok = dist.gather_rows(batch.correct), dist.gather_rows(batch.format_ok)
+        first = dist.mean_over_ranks(first)
         row = {
             "step": self.step,
             "reward_mean": scores.mean().item(),
             "reward_std": scores.std().item(),
-            "accuracy": batch.correct.float().mean().item(),
-            "format_rate": batch.format_ok.float().mean().item(),
-            "frac_reward_zero_std": zero_std / len(counts),
-            "completion_length": gen_tokens / len(batch),
+            "accuracy": correct.float().mean().item(),
+            "format_rate": format_ok.float().mean().item(),
+            "frac_reward_zero_std": zero_std / groups,
+            "completion_length": gen_tokens / len(scores),
             "loss": first["loss"],
             "kl": first["kl"],
             "entropy": first["entropy"],
@@ -618,7 +723,7 @@ class GRPOTrainer:
             "skipped": skipped,
         }
         row.update({k: first[k] for k in self.extra_metrics})
-        row.update(self.rollout_metrics(batch, keep))
+        row.update(dist.mean_over_ranks(self.rollout_metrics(batch, keep)))
         self.history.append(row)
         return row
 
@@ -632,10 +737,11 @@ class GRPOTrainer:
         """
         c = self.config
         c.validate()
-        with run_lock(c.output_dir):
+        with run_lock(c.output_dir if dist.is_main() else None):  # torchrun: rank 0 holds it
             path = os.path.join(c.output_dir, CHECKPOINT) if c.output_dir else None
             if path and c.resume and os.path.exists(path):
-                self.load_checkpoint(path)
+                self.load_checkpoint(path)  # every rank reads it (its own RNG streams are in it)
+            dist.barrier()  # ... before rank 0 may write a new one
             self.was_complete = self.is_complete
             if self.was_complete:
                 return self.summary()
@@ -663,7 +769,8 @@ class GRPOTrainer:
     def _train(self) -> None:
         c = self.config
         if self.phase == "sft":
-            self.sft()
+            self.sft()  # under torchrun, every rank runs the same SFT steps (no speed-up) ...
+            self._sync_weights()  # ... and starts RL from rank 0's weights
         if "before" not in self.evals:
             self.evals["before"] = self.evaluate()
             self.save_checkpoint()
@@ -679,6 +786,9 @@ class GRPOTrainer:
         self.evals["after"] = self.evaluate()
 
     def evaluate(self) -> dict:
+        # Under torchrun every rank evaluates the whole held-out set with the same seeded stream
+        # and the same weights: the numbers of one process, on every rank, with no communication
+        # (and no speed-up). Recipes' own evaluate methods follow the same rule.
         c = self.config
         return evaluate(
             self.model,
@@ -722,6 +832,8 @@ class GRPOTrainer:
         """All it takes to continue bit-for-bit: weights, optimizer, RNG streams, histories, evals.
 
         Plain types and tensors only (see :mod:`agentic_rl.checkpoint`), so loading runs no code.
+        Under torchrun rank 0 writes it, with every rank's RNG streams (``rank_rng``); call it on
+        every rank.
         """
         self._tick()
         if path is None:
@@ -729,6 +841,9 @@ class GRPOTrainer:
                 return None
             os.makedirs(self.config.output_dir, exist_ok=True)
             path = os.path.join(self.config.output_dir, CHECKPOINT)
+        rngs = dist.all_gather_object(_rng_state(self.problem_rng))  # one per rank
+        if not dist.is_main():
+            return path
         state = {
             "phase": self.phase,
             "step": self.step,
@@ -741,7 +856,7 @@ class GRPOTrainer:
                 if self.ref_model is None
                 else self.ref_model.state_dict()
             ),
-            "rng": _rng_state(self.problem_rng),
+            "rng": rngs[0],
             "sft_history": self.sft_history,
             "history": self.history,
             "evals": self.evals,
@@ -749,6 +864,8 @@ class GRPOTrainer:
             "config": self.config.to_dict(),
             **self._extra_state(),
         }
+        if len(rngs) > 1:
+            state["rank_rng"] = rngs  # rank r's streams, to resume on as many ranks
         ckpt.save(state, path)
         out = self.config.output_dir
         if out and os.path.dirname(os.path.abspath(path)) == os.path.abspath(out) and self.history:
@@ -779,6 +896,7 @@ class GRPOTrainer:
         """Verify ``path`` (format, hash, config: :func:`check_resumable`) and continue from it."""
         state = ckpt.load(path, map_location=self.device)
         check_resumable(self.config, state, path)
+        _check_world_size(state, path)
         self._load_policy_state(state["model"], path)
         self.phase, self.step = state["phase"], state["step"]
         # before the optimizer: a subclass may add parameters (a critic)
@@ -790,7 +908,9 @@ class GRPOTrainer:
         elif state["ref_model"] is not None:
             self._make_ref_model(adapters_off=False)
             self.ref_model.load_state_dict(state["ref_model"])
-        _set_rng_state(state["rng"], self.problem_rng)
+        # this rank's RNG streams (the problem stream is the same on every rank)
+        rng = state["rank_rng"][dist.rank()] if "rank_rng" in state else state["rng"]
+        _set_rng_state(rng, self.problem_rng)
         self.sft_history, self.history, self.evals = (
             state["sft_history"],
             state["history"],
@@ -878,12 +998,80 @@ def preflight(config: GRPOConfig) -> None:
     The CLI calls it before building anything; a trainer makes the same checks as it starts.
     """
     config.check_environment()
+    dist.init(dist.rank_device(get_device(config.device)))  # torchrun: join; others go quiet
+    check_data_parallel(config)
     out = config.output_dir
     if out and os.path.isdir(out):
-        ckpt.check_unlocked(out)
+        if dist.is_main():  # torchrun: rank 0 takes the lock, the others leave it alone
+            ckpt.check_unlocked(out)
         path = os.path.join(out, CHECKPOINT)
         if config.resume and os.path.exists(path):
-            check_resumable(config, ckpt.load(path, map_location="cpu"), path)
+            state = ckpt.load(path, map_location="cpu")
+            check_resumable(config, state, path)
+            _check_world_size(state, path)
+
+
+#: The rollouts that play only this rank's share of a step's groups under torchrun: every
+#: recipe's (StarPO's calls the agent's; its 'dynamic' refill is refused below). A new recipe
+#: whose rollout draws its own tasks joins this list once it shards them (``dist.shard``).
+DATA_PARALLEL_ROLLOUTS = (
+    "GRPOTrainer.rollout",
+    "AgentTrainer.rollout",
+    "StarPOTrainer.rollout",
+    "RCGRPOTrainer.rollout",
+    "ReToolTrainer.rollout",
+)
+
+
+def check_data_parallel(config: GRPOConfig, trainer_cls: type | None = None) -> None:
+    """Under torchrun (W > 1 ranks), refuse with :class:`ConfigError`, before any compute, what
+    does not split across the ranks; nothing to check in one process.
+
+    A step's prompts must divide across the ranks (each rank plays an equal share, each prompt
+    with its whole group), and each rank's share must fill ``num_minibatches``. Not supported
+    yet: ``scale_rewards='batch'`` (the std of the whole batch), StarPO's ``dynamic`` refill
+    (the ranks would refill in different numbers of rounds, and their task streams would part),
+    and a recipe whose ``rollout`` would play the whole step on every rank (``trainer_cls``: one
+    not in :data:`DATA_PARALLEL_ROLLOUTS`).
+    """
+    w = dist.world_size()
+    if w == 1:
+        return
+    c = config
+    if c.prompts_per_step % w:
+        why = (
+            f"does not divide across {w} ranks (each rank plays an equal share of a step's "
+            f"prompts, each with its whole group); use a multiple of {w}"
+        )
+        raise ConfigError("prompts_per_step", why, c.prompts_per_step)
+    rows = c.prompts_per_step // w * c.num_generations
+    if c.num_minibatches > rows:
+        why = (
+            f"must be <= the rows of each rank's batch (prompts_per_step * num_generations / "
+            f"{w} ranks = {rows}): a minibatch needs at least one rollout"
+        )
+        raise ConfigError("num_minibatches", why, c.num_minibatches)
+    if c.scale_rewards == "batch":
+        why = f"'batch' (the std of the whole batch, spread over {w} ranks) needs one process"
+        raise ConfigError("scale_rewards", why + "; use 'group' or 'none'", c.scale_rewards)
+    if getattr(c, "rollout_filter", None) == "dynamic":
+        why = f"'dynamic' (refill rounds differ between ranks) needs one process, not {w} ranks"
+        raise ConfigError("rollout_filter", why + "; use 'top_k' or 'top_p'", c.rollout_filter)
+    name = trainer_cls.rollout.__qualname__ if trainer_cls is not None else None
+    if name is not None and name not in DATA_PARALLEL_ROLLOUTS:
+        why = (
+            f"{name} draws a step's tasks and plays all of them on every rank (it does not "
+            "shard them yet): this recipe runs in one process only"
+        )
+        raise ConfigError("nproc_per_node", why, w)
+
+
+def _check_world_size(state: dict, path: str) -> None:
+    """A checkpoint resumes on as many ranks as wrote it (it holds each rank's RNG streams)."""
+    saved = len(state.get("rank_rng", [None]))
+    if saved != dist.world_size():
+        fields = {"ranks (torchrun --nproc_per_node)": (saved, dist.world_size())}
+        raise ConfigMismatchError(path, fields)
 
 
 def run_recipe(trainer: GRPOTrainer) -> dict:
@@ -892,9 +1080,9 @@ def run_recipe(trainer: GRPOTrainer) -> dict:
     A run that was already complete writes nothing (``trainer.was_complete``).
     """
     out = trainer.config.output_dir
-    with run_lock(out):
+    with run_lock(out if dist.is_main() else None):  # torchrun: rank 0 holds it ...
         summary = trainer.train()
-        if out and not trainer.was_complete:
+        if out and not trainer.was_complete and dist.is_main():  # ... and writes the files
             os.makedirs(out, exist_ok=True)
             write_csv(trainer.history, os.path.join(out, "metrics.csv"))
             write_csv(trainer.sft_history, os.path.join(out, "sft_metrics.csv"))
