@@ -4,11 +4,15 @@ Usage (from the repository root; needs ``trl``, pinned in ``requirements.txt``):
 
     OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py --profile quick [--steps 20]
         [--seeds 0 1 2] [--threads 1] [--device cpu] [--out FILE.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_vs_trl.py --profile pretrained --seeds 0
 
 What is compared, per seed:
 
 1. One SFT warm start (this package's ``sft_steps`` of the profile), saved with
    ``save_pretrained``; **both** frameworks load that folder: the same model, weights and tokenizer.
+   The ``pretrained`` profile has no warm start: each side loads the packaged SmolLM2-135M-Instruct
+   and wraps it in the same LoRA adapters (same seed, so the same initial A matrices), and TRL is
+   handed the ``PeftModel``.
 2. The same task and reward: ``agentic_rl.trl_bridge.trl_task`` wraps the task's scoring as a TRL
    reward function; TRL's settings come from ``trl_config_kwargs`` (batch ``prompts_per_step x G``,
    completion length, temperature, learning rate, beta = 0, mu = 1, loss, reward scaling, clip
@@ -53,10 +57,11 @@ except ImportError:  # not installed: use the checkout's src/ (src layout)
     sys.path.insert(0, os.path.join(root, "src"))
 
 from agentic_rl.config import GRPOConfig
-from agentic_rl.models import count_parameters, load_pretrained
+from agentic_rl.models import add_lora, count_parameters, load_pretrained
 from agentic_rl.rollout import first_scored_column, shared_prompts
 from agentic_rl.train import GRPOTrainer
 from agentic_rl.trl_bridge import trl_config_kwargs, trl_task
+from agentic_rl.utils import seed_everything
 
 
 def log(msg: str) -> None:
@@ -80,17 +85,21 @@ def matmul_peak(device: torch.device, n: int = 2048, repeats: int = 7) -> float:
 
 
 def update_flops(model, batch, *, shared: bool, skip_prompt_logits: bool = False) -> float:
-    """FLOPs of one update (forward, backward = 2 x forward) on ``batch``, counted from the
-    shapes of the tokens the path runs: 2 per weight of every linear layer per token (the LM head
-    only where logits are computed), plus attention's two products over the keys each query sees.
+    """FLOPs of one update on ``batch``, counted from the shapes of the tokens the path runs.
+
+    Forward: 2 per weight of every linear layer per token (the LM head only where logits are
+    computed), plus attention's two products over the keys each query sees. Backward: the same
+    again for the gradient with respect to the inputs, and once more for the weights' gradient
+    where the weights train (all of them for the tiny model: 3 x forward; only the adapters
+    under LoRA, where the frozen base costs 2 x its forward).
     """
     cfg = model.config
-    body = sum(
-        m.weight.numel()
-        for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and "lm_head" not in name
-    )
-    head, hidden, layers = cfg.vocab_size * cfg.hidden_size, cfg.hidden_size, cfg.num_hidden_layers
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    passes = {n: 3 if m.weight.requires_grad else 2 for n, m in linears}
+    body = sum(passes[n] * m.weight.numel() for n, m in linears if "lm_head" not in n)
+    head_w = model.get_output_embeddings().weight
+    head = (3 if head_w.requires_grad else 2) * cfg.vocab_size * cfg.hidden_size
+    hidden, layers = cfg.hidden_size, cfg.num_hidden_layers
     rows, width = batch.input_ids.shape
     start = first_scored_column(batch.loss_mask)
 
@@ -106,8 +115,7 @@ def update_flops(model, batch, *, shared: bool, skip_prompt_logits: bool = False
         tokens = rows * width
         logits = rows * (width - start + 1) if skip_prompt_logits else rows * width
         attended = rows * attention(0, width)
-    forward = 2 * body * tokens + 2 * head * logits + 2 * 2 * hidden * layers * attended
-    return 3.0 * forward
+    return 2.0 * (body * tokens + head * logits + 3 * 2 * hidden * layers * attended)
 
 
 # ------------------------------------------------------------------------------------- one seed
@@ -137,11 +145,14 @@ def run_seed(args, seed: int, folder: str) -> dict:
     device = args.device
     ours = {}  # path -> GRPOTrainer, each loading the same saved model
     for path, fast in (("fast", True), ("plain", False)):
-        model, tok = load_pretrained(folder)
         config = make_config(
             args.profile, seed, device, sft_steps=0, log_kl=False, share_prompt_prefix=fast
         )
-        ours[path] = GRPOTrainer(config, model=model, tokenizer=tok)
+        if config.model_name_or_path:  # the packaged model, LoRA-wrapped by the trainer
+            ours[path] = GRPOTrainer(config)
+        else:
+            model, tok = load_pretrained(folder)
+            ours[path] = GRPOTrainer(config, model=model, tokenizer=tok)
     config = ours["fast"].config
     steps = args.warmup + args.steps
     dataset, reward_fn = trl_task(
@@ -150,7 +161,15 @@ def run_seed(args, seed: int, folder: str) -> dict:
         seed=seed,
         tokenizer=ours["fast"].tokenizer,
     )
-    model, tok = load_pretrained(folder)
+    if config.model_name_or_path:  # the same base and adapters as the trainers above
+        seed_everything(config.seed)
+        model, tok = load_pretrained(config.model_name_or_path)
+        model = add_lora(
+            model, r=config.lora_r, lora_alpha=config.lora_alpha,
+            target_modules=config.lora_target_modules.split(","),
+        )  # fmt: skip
+    else:
+        model, tok = load_pretrained(folder)
     with tempfile.TemporaryDirectory() as out:
         trl_args = TRLConfig(output_dir=out, max_steps=steps + 1, **trl_config_kwargs(config))
         times = {"trl": [], "fast": [], "plain": []}
@@ -201,6 +220,8 @@ def run_seed(args, seed: int, folder: str) -> dict:
     }
     # the update alone, on one fixed batch of the fast trainer's policy
     result["update"] = time_updates(ours, args.repeats)
+    result["num_parameters"] = count_parameters(ours["fast"].model)
+    result["num_trainable_parameters"] = count_parameters(ours["fast"].model, trainable_only=True)
     log(f"seed {seed}: TRL {median(times['trl'][w:]) * 1e3:.0f} ms, "
         f"fast {median(times['fast'][w:]) * 1e3:.0f} ms, "
         f"plain {median(times['plain'][w:]) * 1e3:.0f} ms per step (medians)")  # fmt: skip
@@ -226,7 +247,12 @@ def time_updates(ours: dict, repeats: int) -> dict:
         shared = trainer.config.share_prompt_prefix
         out[path] = {
             "median_s": statistics.median(times[1:]),
-            "flops": update_flops(trainer.model, batch, shared=shared),
+            "flops": update_flops(
+                trainer.model,
+                batch,
+                shared=shared,
+                skip_prompt_logits=trainer.config.skip_prompt_logits,
+            ),  # fmt: skip
             "batch_shape": list(batch.input_ids.shape),
         }
     return out
@@ -296,7 +322,7 @@ def report(args, results: list[dict], meta: dict) -> dict:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--profile", default="quick", choices=["quick", "full"])
+    p.add_argument("--profile", default="quick", choices=["quick", "full", "pretrained"])
     p.add_argument("--steps", type=int, default=None, help="timed steps per seed")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first, per seed")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -308,6 +334,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.steps is None:
         args.steps = 20 if args.profile == "quick" else 5
+    if args.profile == "pretrained":
+        args.warmup = min(args.warmup, 1)  # a step takes seconds; the first one is the warm-up
     if args.profile == "full" and args.sft_steps is None and args.device == "cpu":
         args.sft_steps = 100  # the full profile's 3,000 SFT steps take an hour on one CPU thread
     torch.set_num_threads(args.threads)
@@ -330,14 +358,16 @@ def main(argv=None) -> int:
     }
     t_start = time.perf_counter()
     results = []
+    packaged = make_config(args.profile, 0, args.device).model_name_or_path
     for seed in args.seeds:
         with tempfile.TemporaryDirectory() as folder:
-            log(f"seed {seed}: warm start ...")
-            warm_start(args.profile, seed, args.device, args.sft_steps, folder)
+            if not packaged:
+                log(f"seed {seed}: warm start ...")
+                warm_start(args.profile, seed, args.device, args.sft_steps, folder)
             log(f"seed {seed}: {args.warmup} + {args.steps} steps, interleaved ...")
             results.append(run_seed(args, seed, folder))
-            m, _ = load_pretrained(folder)
-            meta["num_parameters"] = count_parameters(m)
+    meta["num_parameters"] = results[0].pop("num_parameters")
+    meta["num_trainable_parameters"] = results[0].pop("num_trainable_parameters")
     meta["load_average_end"] = os.getloadavg()
     meta["wall_s"] = time.perf_counter() - t_start
     out = report(args, results, meta)

@@ -313,6 +313,9 @@ def load_pretrained(
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype or torch.float32, attn_implementation="sdpa", **where
         )
+    if gguf_file:  # dequantized to ``dtype`` on loading: drop the GGUF label, which would make
+        # transformers' Trainer (TRL) refuse to train the model as "quantized"
+        model.hf_quantizer.remove_quantization_config(model)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     model.generation_config = default_generation_config(tokenizer)
