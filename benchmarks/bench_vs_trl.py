@@ -136,11 +136,28 @@ def warm_start(profile: str, seed: int, device: str, sft_steps: int | None, fold
     trainer.tokenizer.save_pretrained(folder)
 
 
-def run_seed(args, seed: int, folder: str) -> dict:
-    from transformers import TrainerCallback
+def trl_trainer(config, model, tok, dataset, reward_fn, *, out: str, max_steps: int, callback):
+    """TRL's ``GRPOTrainer`` on ``dataset``/``reward_fn`` (from ``trl_task``) with this package's
+    ``config`` (``trl_config_kwargs``), writing to ``out``, quiet, with one ``callback``."""
     from transformers.trainer_callback import PrinterCallback
     from trl import GRPOConfig as TRLConfig
     from trl import GRPOTrainer as TRLTrainer
+
+    args = TRLConfig(output_dir=out, max_steps=max_steps, **trl_config_kwargs(config))
+    trainer = TRLTrainer(
+        model=model,
+        reward_funcs=reward_fn,
+        args=args,
+        train_dataset=dataset,
+        processing_class=tok,
+        callbacks=[callback],
+    )
+    trainer.remove_callback(PrinterCallback)  # its per-step dicts would flood stdout
+    return trainer
+
+
+def run_seed(args, seed: int, folder: str) -> dict:
+    from transformers import TrainerCallback
 
     device = args.device
     ours = {}  # path -> GRPOTrainer, each loading the same saved model
@@ -171,7 +188,6 @@ def run_seed(args, seed: int, folder: str) -> dict:
     else:
         model, tok = load_pretrained(folder)
     with tempfile.TemporaryDirectory() as out:
-        trl_args = TRLConfig(output_dir=out, max_steps=steps + 1, **trl_config_kwargs(config))
         times = {"trl": [], "fast": [], "plain": []}
         rewards = {"trl": [], "fast": [], "plain": []}
 
@@ -202,15 +218,10 @@ def run_seed(args, seed: int, folder: str) -> dict:
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            trl = TRLTrainer(
-                model=model,
-                reward_funcs=reward_fn,
-                args=trl_args,
-                train_dataset=dataset,
-                processing_class=tok,
-                callbacks=[Interleave()],
-            )
-            trl.remove_callback(PrinterCallback)  # its per-step dicts would flood stdout
+            trl = trl_trainer(
+                config, model, tok, dataset, reward_fn,
+                out=out, max_steps=steps + 1, callback=Interleave(),
+            )  # fmt: skip
             trl.train()
     w = args.warmup
     result = {

@@ -94,12 +94,12 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # bench_vs_trl also puts the checkout's src/ on sys.path when agentic_rl is not installed
-from bench_vs_trl import log, make_config, warm_start
+from bench_vs_trl import log, make_config, trl_trainer, warm_start
 
 from agentic_rl.models import load_pretrained
 from agentic_rl.rollout import first_scored_column, shared_prompts
 from agentic_rl.train import GRPOTrainer
-from agentic_rl.trl_bridge import trl_config_kwargs, trl_task
+from agentic_rl.trl_bridge import trl_task
 
 PROFILE = "quick"
 SIDES = ("trl", "plain", "fast")
@@ -289,9 +289,6 @@ def run_ours(args, folder: str, fast: bool) -> dict:
 
 def run_trl(args, folder: str) -> dict:
     from transformers import TrainerCallback
-    from transformers.trainer_callback import PrinterCallback
-    from trl import GRPOConfig as TRLConfig
-    from trl import GRPOTrainer as TRLTrainer
 
     # this package's trainer only for its config and task (the ones bench_vs_trl hands TRL)
     config = make_config(PROFILE, args.seed, "cpu", sft_steps=0, log_kl=False)
@@ -311,16 +308,9 @@ def run_trl(args, folder: str) -> dict:
 
     with tempfile.TemporaryDirectory() as out, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trl_args = TRLConfig(output_dir=out, max_steps=steps, **trl_config_kwargs(config))
-        trainer = TRLTrainer(
-            model=model,
-            reward_funcs=reward_fn,
-            args=trl_args,
-            train_dataset=dataset,
-            processing_class=tok,
-            callbacks=[Mark()],
+        trainer = trl_trainer(
+            config, model, tok, dataset, reward_fn, out=out, max_steps=steps, callback=Mark()
         )
-        trainer.remove_callback(PrinterCallback)  # its per-step dicts would flood stdout
         phases = Phases(trainer, "_generate_and_score_completions", window)
         trainer.train()
     outs = phases.outputs
@@ -373,6 +363,13 @@ def report(args, results: dict, meta: dict) -> None:
     def row(label: str, cells) -> None:
         print(f"{label:36s}" + "".join(f"{c:>{col}s}" for c in cells))
 
+    def share(label: str, seconds, whole: str) -> None:  # ms per step and % of results[k][whole]
+        cells = []
+        for k in SIDES:
+            t, wall = seconds(results[k]), results[k][whole]
+            cells.append(f"{t * 1e3:.1f} {100 * t / wall:5.1f}%")
+        row(f"  {label}", cells)
+
     print(
         f"GRPO step, {PROFILE} profile, seed {args.seed}, 1 CPU thread: {args.warmup} warm-up + "
         f"{args.steps} unprofiled + {args.steps} profiled steps per side"
@@ -382,29 +379,17 @@ def report(args, results: dict, meta: dict) -> None:
     row("ms/step profiled (wall, = 100 %)", [f"{results[k]['step_s'] * 1e3:.1f}" for k in SIDES])
     print("self CPU time per step, ms and % of the profiled wall time:")
     for key, label in CATEGORIES:
-        cells = []
-        for k in SIDES:
-            t, wall = results[k]["categories_s"][key], results[k]["step_s"]
-            cells.append(f"{t * 1e3:.1f} {100 * t / wall:5.1f}%")
-        row(f"  {label}", cells)
+        share(label, lambda r, key=key: r["categories_s"][key], "step_s")
     row(
         "  sum of the rows",
         [f"{sum(results[k]['categories_s'].values()) * 1e3:.1f} 100.0%" for k in SIDES],
     )
     print("phases, ms per step and % of the step (rest: update, advantages, bookkeeping, logs):")
     for key, label in (("rollout_s", "rollout (generate, score)"), ("rest_s", "rest")):
-        cells = []
-        for k in SIDES:
-            t, wall = results[k][key], results[k]["step_s"]
-            cells.append(f"{t * 1e3:.1f} {100 * t / wall:5.1f}%")
-        row(f"  {label}", cells)
+        share(label, lambda r, key=key: r[key], "step_s")
     print("the rollout's part of each row above, ms per step and % of the rollout's wall time:")
     for key, label in CATEGORIES:
-        cells = []
-        for k in SIDES:
-            t, wall = results[k]["rollout_categories_s"][key], results[k]["rollout_s"]
-            cells.append(f"{t * 1e3:.1f} {100 * t / wall:5.1f}%")
-        row(f"  {label}", cells)
+        share(label, lambda r, key=key: r["rollout_categories_s"][key], "rollout_s")
     row("update forward tokens/step", [f"{results[k]['update_tokens']:.0f}" for k in SIDES])
     row("generated tokens/step", [f"{results[k]['generated_tokens']:.0f}" for k in SIDES])
     row("profiler events/step", [f"{results[k]['events']:.0f}" for k in SIDES])

@@ -107,3 +107,18 @@ def built_book(tmp_path_factory):
             done.write_text(json.dumps({"returncode": proc.returncode, "log": log}))
         result = json.loads(done.read_text())
     return Build(result["returncode"], result["log"], out / "_build" / "html")
+
+
+def fake_generate(tokenizer, completions, width=None):
+    """A ``generate`` that returns the given completions (lists of tokens) after the prompt,
+    right-padded to ``width`` (default: the longest completion)."""
+    width = width or max(len(c) for c in completions)
+
+    def generate(input_ids, attention_mask, **kwargs):
+        rows = []
+        for c in completions:
+            ids = tokenizer.convert_tokens_to_ids(c)
+            rows.append(ids + [tokenizer.pad_token_id] * (width - len(ids)))
+        return torch.cat([input_ids, torch.tensor(rows, dtype=input_ids.dtype)], dim=1)
+
+    return generate

@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import fake_generate
+
 from agentic_rl.envs import Problem
 from agentic_rl.rollout import Batch, build_sft_batch, encode_prompts, generate_batch, sequence_logprobs
 
@@ -82,17 +84,6 @@ def test_generate_batch_layout_on_sampled_completions(model, tokenizer, task):
     assert batch.ref_logprobs is None and batch.values is None
 
 
-def _fake_generate(tokenizer, completions, width):
-    """A ``generate`` that returns the given completions (lists of tokens), right-padded to ``width``."""
-    def generate(input_ids, attention_mask, **kwargs):
-        rows = []
-        for c in completions:
-            ids = tokenizer.convert_tokens_to_ids(c)
-            rows.append(ids + [tokenizer.pad_token_id] * (width - len(ids)))
-        return torch.cat([input_ids, torch.tensor(rows, dtype=input_ids.dtype)], dim=1)
-
-    return generate
-
 
 def test_generate_batch_masks_and_rewards_on_known_completions(model, tokenizer, task):
     problem = task.make_problem(47, 38)  # answer "5 8"
@@ -104,7 +95,7 @@ def test_generate_batch_masks_and_rewards_on_known_completions(model, tokenizer,
         ["+", "<eos>", "5", "8"],  # tokens after the first EOS are not the completion
         ["5", "8", "0", "<eos>"],  # 3 digits, well formed, wrong: 0.1
     ]
-    model.generate = _fake_generate(tokenizer, completions, width=4)
+    model.generate = fake_generate(tokenizer, completions, width=4)
     batch = generate_batch(model, tokenizer, task, [problem, problem, problem], num_generations=2, max_completion_length=4)
     P, lengths = _check_layout(batch, tokenizer, task, [problem] * 3, 2)
     assert lengths == [3, 3, 1, 4, 2, 4]
@@ -122,7 +113,7 @@ def test_generate_batch_masks_and_rewards_on_known_completions(model, tokenizer,
 def test_special_tokens_inside_a_completion_are_a_format_failure(model, tokenizer, task):
     problem = task.make_problem(47, 38)
     completions = [["5", "<bos>", "8", "<eos>"], ["<pad>", "5", "8", "<eos>"], ["5", "<unk>", "8", "<eos>"]]
-    model.generate = _fake_generate(tokenizer, completions, width=4)
+    model.generate = fake_generate(tokenizer, completions, width=4)
     batch = generate_batch(model, tokenizer, task, [problem] * 3, num_generations=1, max_completion_length=4)
     assert batch.format_ok.tolist() == [False, False, False]
     assert batch.scores.tolist() == [0.0, 0.0, 0.0]

@@ -14,6 +14,8 @@ import sys
 import pytest
 import torch
 
+from conftest import fake_generate
+
 from agentic_rl.config import GRPOConfig
 from agentic_rl.envs import AdditionTask, SumsTask
 from agentic_rl.losses import aggregate
@@ -137,19 +139,6 @@ def test_every_setting_is_a_trl_grpo_config_field(tmp_path):
 # ------------------------------------------------------------------------------ the reward
 
 
-def _fake_generate(tokenizer, completions):
-    """A ``generate`` that returns the given completions (lists of tokens), right-padded."""
-    width = max(len(c) for c in completions)
-
-    def generate(input_ids, attention_mask, **kwargs):
-        rows = []
-        for c in completions:
-            ids = tokenizer.convert_tokens_to_ids(c)
-            rows.append(ids + [tokenizer.pad_token_id] * (width - len(ids)))
-        return torch.cat([input_ids, torch.tensor(rows, dtype=input_ids.dtype)], dim=1)
-
-    return generate
-
 
 def test_reward_equals_the_package_rollout_score(model, tokenizer):
     """Right, wrong, malformed, truncated: the bridge's reward of TRL's completion ids is the
@@ -167,7 +156,7 @@ def test_reward_equals_the_package_rollout_score(model, tokenizer):
         ["5", pad, "8", eos],  # a stray special token: malformed here (TRL's text reads "5 8")
         ["5", "8", "1", "1"],  # no EOS: truncated, a format failure
     ]
-    model.generate = _fake_generate(tokenizer, completions)
+    model.generate = fake_generate(tokenizer, completions)
     batch = generate_batch(
         model, tokenizer, task, [problem], num_generations=len(completions), max_completion_length=4
     )
