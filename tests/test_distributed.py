@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -217,6 +218,37 @@ def test_cli_under_torchrun_writes_once_and_resumes(tmp_path):
         ckpt.ConfigMismatchError, match=r"torchrun --nproc_per_node.*2 in the checkpoint \(got 1\)"
     ):
         preflight(config)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_accelerate_launch_runs_the_same_two_ranks(tmp_path):
+    """Accelerate's launcher (``--multi_gpu`` on a CPU-only machine: two gloo ranks; its ``--cpu``
+    flag would start one process) runs what torchrun runs, digit for digit."""
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
+                  "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
+                  "--dynamo_backend", "no", "--main_process_port", str(_free_port())]  # fmt: skip
+    r = subprocess.run(
+        [*accelerate, *_cli_args(tmp_path / "acc", 2)],
+        check=False, capture_output=True, text=True, env=_env(), timeout=180,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stderr.count("wrote to") == 1  # rank 0 alone writes
+    from agentic_rl import checkpoint as ckpt
+
+    assert len(ckpt.load(str(tmp_path / "acc" / "checkpoint.pt"))["rank_rng"]) == 2
+    r = _torchrun(*_cli_args(tmp_path / "torchrun", 2))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    timing = ("step_time", "tokens_per_s")  # wall-clock columns: everything else equal
+
+    def numbers(folder):
+        return [{k: v for k, v in row.items() if k not in timing} for row in _rows(folder)]
+
+    assert numbers(tmp_path / "acc") == numbers(tmp_path / "torchrun")
 
 
 def test_cli_under_torchrun_refuses_prompts_that_do_not_divide(tmp_path):
