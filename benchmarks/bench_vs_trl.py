@@ -136,6 +136,24 @@ def warm_start(profile: str, seed: int, device: str, sft_steps: int | None, fold
     trainer.tokenizer.save_pretrained(folder)
 
 
+def run_info(profile: str) -> dict:
+    """Where and when a benchmark ran: profile, date, CPU, threads, versions, load, command."""
+    import transformers
+    import trl
+
+    return {
+        "profile": profile,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "machine": platform.processor() or platform.machine(),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "trl": trl.__version__,
+        "load_average": os.getloadavg(),
+        "command": " ".join(sys.argv),
+    }
+
+
 def trl_trainer(config, model, tok, dataset, reward_fn, *, out: str, max_steps: int, callback):
     """TRL's ``GRPOTrainer`` on ``dataset``/``reward_fn`` (from ``trl_task``) with this package's
     ``config`` (``trl_config_kwargs``), writing to ``out``, quiet, with one ``callback``."""
@@ -351,20 +369,9 @@ def main(argv=None) -> int:
         args.sft_steps = 100  # the full profile's 3,000 SFT steps take an hour on one CPU thread
     torch.set_num_threads(args.threads)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-    import trl
-
     meta = {
-        "profile": args.profile,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
+        **run_info(args.profile),
         "device": args.device,
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "load_average": os.getloadavg(),
-        "command": " ".join(sys.argv),
         "sft_steps_override": args.sft_steps,
     }
     t_start = time.perf_counter()

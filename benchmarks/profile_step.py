@@ -79,10 +79,8 @@ their own completions (same prompts, different random streams), so their batches
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -94,7 +92,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # bench_vs_trl also puts the checkout's src/ on sys.path when agentic_rl is not installed
-from bench_vs_trl import log, make_config, trl_trainer, warm_start
+from bench_vs_trl import log, make_config, run_info, trl_trainer, warm_start
 
 from agentic_rl.models import load_pretrained
 from agentic_rl.rollout import first_scored_column, shared_prompts
@@ -411,21 +409,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    import transformers
-    import trl
-
-    meta = {
-        "profile": PROFILE,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "machine": platform.processor() or platform.machine(),
-        "threads": torch.get_num_threads(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "trl": trl.__version__,
-        "load_average": os.getloadavg(),
-        "command": " ".join(sys.argv),
-        "args": vars(args),
-    }
+    meta = {**run_info(PROFILE), "args": vars(args)}
     t_start = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory() as folder:
