@@ -34,7 +34,7 @@ except ImportError:  # run from a checkout without installing
 import torch
 
 from agentic_rl import coupling
-from agentic_rl.config import GCDConfig
+from agentic_rl.gcd import GCDConfig
 from agentic_rl.envs import HouseholdEnv
 from agentic_rl.gcd import GCDTrainer, measure_coupling
 from agentic_rl.rollout import Batch
@@ -110,10 +110,10 @@ def step_costs(repeats: int) -> dict:
     setup(0)
     cfg = GCDConfig(sft_steps=0, coupling_every=0, disable_tqdm=True, device="cpu")
     trainer = GCDTrainer(cfg)
-    trainer.grpo_step()  # warm-up
+    trainer.rl_step()  # warm-up
     out = {
         "GRPO step (rollout + update), s": statistics.median(
-            trainer.grpo_step()["step_time"] for _ in range(repeats)
+            trainer.rl_step()["step_time"] for _ in range(repeats)
         )
     }
     batch = trainer.rollout()

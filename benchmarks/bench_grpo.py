@@ -18,7 +18,7 @@ one warm-up call, ``repeats`` timed calls of:
 3. ``generate_batch``: :func:`agentic_rl.rollout.generate_batch` itself, called as
    ``GRPOTrainer.rollout`` calls it (sampling + decode + scoring + old-logprob forward + reference-model
    forward); and ``generate_batch_noref``, the same without the reference model;
-4. ``grpo_step``: ``trainer.grpo_step()`` (rollout + advantages + loss + backward + optimizer);
+4. ``rl_step``: ``trainer.rl_step()`` (rollout + advantages + loss + backward + optimizer);
 5. ``update``: the loss + backward + optimizer part alone (``compute_advantages``, ``compute_loss``,
    ``_optimizer_step``) on one fixed rollout batch;
 6. ``sft_step``: :func:`agentic_rl.train.sft_step` on ``sft_batch_size`` demonstrations.
@@ -48,10 +48,11 @@ try:
 except ImportError:  # not installed: use the checkout's src/ (src layout)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src"))
 
-from agentic_rl.config import GRPOConfig
+from agentic_rl.grpo import GRPOConfig
 from agentic_rl.models import count_parameters, get_device
 from agentic_rl.rollout import build_sft_batch, encode_prompts, generate_batch
-from agentic_rl.train import GRPOTrainer, sft_step
+from agentic_rl.grpo import GRPOTrainer
+from agentic_rl.train import sft_step
 from agentic_rl.utils import setup
 
 DEFAULT_REPEATS = {"quick": 5, "full": 3}
@@ -148,7 +149,7 @@ def bench_profile(profile: str, *, repeats: int, device: str, seed: int = 0) -> 
     # generate_batch end to end, as GRPOTrainer.rollout calls it (with log_kl on, the trainer keeps a
     # reference model even at beta = 0, for the KL metric; old log-probs only when num_iterations > 1),
     # and without the reference model.
-    trainer._make_ref_model()
+    trainer.make_ref_model()
     rng = random.Random(seed + 1)
     computed = []  # decode steps actually computed (B x completion width) per call; width varies with EOS
 
@@ -186,10 +187,10 @@ def bench_profile(profile: str, *, repeats: int, device: str, seed: int = 0) -> 
     print(f"[{profile}] loss+backward+optim:  median {res['update']['median_s'] * 1e3:8.1f} ms", file=sys.stderr)
 
     # The whole GRPO step.
-    t, row = timed(trainer.grpo_step, dev, repeats=repeats)
-    res["grpo_step"] = summarise(t)
-    res["grpo_step"]["last_row"] = row
-    print(f"[{profile}] grpo_step:            median {res['grpo_step']['median_s'] * 1e3:8.1f} ms", file=sys.stderr)
+    t, row = timed(trainer.rl_step, dev, repeats=repeats)
+    res["rl_step"] = summarise(t)
+    res["rl_step"]["last_row"] = row
+    print(f"[{profile}] rl_step:            median {res['rl_step']['median_s'] * 1e3:8.1f} ms", file=sys.stderr)
 
     # SFT step on a copy (so the timings above and below do not share optimizer state).
     sft_model = copy.deepcopy(model).train()
@@ -273,7 +274,7 @@ def markdown_table(results: list[dict]) -> str:
     row("generate_batch as the trainer calls it (+score, ref logprobs): ms", [f"{_ms(r['generate_batch']['median_s'])} | {_ms(r['generate_batch']['min_s'])}" for r in results])
     row("generate_batch: tokens/s", [f"{_rate(r['generate_batch']['rate_median'])} | {_rate(r['generate_batch']['rate_max'])}" for r in results])
     row("generate_batch without ref model: ms", [f"{_ms(r['generate_batch_noref']['median_s'])} | {_ms(r['generate_batch_noref']['min_s'])}" for r in results])
-    row("grpo_step (rollout + update): ms", [f"{_ms(r['grpo_step']['median_s'])} | {_ms(r['grpo_step']['min_s'])}" for r in results])
+    row("rl_step (rollout + update): ms", [f"{_ms(r['rl_step']['median_s'])} | {_ms(r['rl_step']['min_s'])}" for r in results])
     row("loss + backward + optimizer alone: ms", [f"{_ms(r['update']['median_s'])} | {_ms(r['update']['min_s'])}" for r in results])
     row("sft_step (sft_batch_size demos): ms", [f"{_ms(r['sft_step']['median_s'])} | {_ms(r['sft_step']['min_s'])}" for r in results])
     return "\n".join(rows)

@@ -32,9 +32,9 @@ except ImportError:  # run from a checkout without installing
 
 import torch
 
-from agentic_rl.config import GRPOConfig
+from agentic_rl.grpo import GRPOConfig
 from agentic_rl.models import load_pretrained
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.grpo import GRPOTrainer
 
 
 def main() -> None:
@@ -54,8 +54,8 @@ def main() -> None:
         "pretrained", disable_tqdm=True, device=args.device, max_steps=args.steps + 1
     )
     trainer = GRPOTrainer(config, base=(copy.deepcopy(base[0]), base[1]))
-    trainer.grpo_step()  # warm-up
-    rows = [trainer.grpo_step() for _ in range(args.steps)]
+    trainer.rl_step()  # warm-up
+    rows = [trainer.rl_step() for _ in range(args.steps)]
     step = statistics.median(r["step_time"] for r in rows)
     tok_s = statistics.median(r["tokens_per_s"] for r in rows)
     gen_tokens = [

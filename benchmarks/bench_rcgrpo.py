@@ -8,7 +8,7 @@
    comparison of the two trees).
 2. An RC-GRPO step of the quick profile (8 tasks x 8 episodes, tokens drawn per rollout) on the
    untrained quick model (speed hardly depends on the weights): the rollout's wall time (timed
-   around ``trainer.rollout``), the update (the rest of the step), the whole ``grpo_step()``, and
+   around ``trainer.rollout``), the update (the rest of the step), the whole ``rl_step()``, and
    the share of the rollout spent in the environment, timed by wrapping ``FileSystemEnv``'s
    methods: in ``step`` alone (the calls and the final state check), and in all of its work
    (construction, ``reset``, ``task_family`` and ``step``; nested calls counted once). Medians
@@ -32,7 +32,7 @@ except ImportError:  # run from a checkout without installing
 
 import torch
 
-from agentic_rl.config import RCGRPOConfig
+from agentic_rl.rcgrpo import RCGRPOConfig
 from agentic_rl.envs import FileSystemEnv
 from agentic_rl.rcgrpo import RCGRPOTrainer
 from agentic_rl.utils import setup
@@ -116,7 +116,7 @@ def step_costs(repeats: int) -> dict:
             rollout_seconds[0] = time.perf_counter() - t
 
     trainer.rollout = timed_rollout
-    trainer.grpo_step()  # warm-up
+    trainer.rl_step()  # warm-up
     rollouts, updates, steps, step_share, env_share = [], [], [], [], []
     for name in TIMED:
         setattr(FileSystemEnv, name, timed(name))
@@ -124,7 +124,7 @@ def step_costs(repeats: int) -> dict:
         for _ in range(repeats):
             spent.update(dict.fromkeys(TIMED, 0.0))
             t = time.perf_counter()
-            trainer.grpo_step()
+            trainer.rl_step()
             t_step = time.perf_counter() - t
             t_rollout = rollout_seconds[0]
             rollouts.append(t_rollout * 1e3)

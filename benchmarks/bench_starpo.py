@@ -7,7 +7,7 @@
    BFS check), Sokoban step (with the deadlock search), BFS from a fresh level.
 2. A StarPO step of the quick profile (8 x 16 episodes) on each environment, split into the
    rollout and the update, with no filter (4 gradient steps of 32 trajectories) and with StarPO-S's
-   top-25 % filter (1 gradient step): medians over repeats of ``grpo_step`` on the SFT-free tiny
+   top-25 % filter (1 gradient step): medians over repeats of ``rl_step`` on the SFT-free tiny
    model (speed hardly depends on the weights).
 """
 
@@ -28,7 +28,7 @@ except ImportError:  # run from a checkout without installing
 
 import torch
 
-from agentic_rl.config import StarPOConfig
+from agentic_rl.starpo import StarPOConfig
 from agentic_rl.envs import BanditEnv, FrozenLakeEnv, MultiActionEnv, SokobanEnv
 from agentic_rl.envs.sokoban import solve
 from agentic_rl.starpo import StarPOTrainer
@@ -80,10 +80,10 @@ def step_costs(env: str, repeats: int) -> dict:
             "quick", env=env, preset=preset, sft_steps=0, disable_tqdm=True, device="cpu"
         )
         trainer = StarPOTrainer(cfg)
-        trainer.grpo_step()  # warm-up
+        trainer.rl_step()  # warm-up
         rollout, update, steps = [], [], []
         for _ in range(repeats):
-            row = trainer.grpo_step()
+            row = trainer.rl_step()
             rows = cfg.prompts_per_step * cfg.num_generations
             t_rollout = row["completion_length"] * rows / row["tokens_per_s"]
             rollout.append(t_rollout * 1e3)

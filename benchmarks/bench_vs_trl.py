@@ -56,10 +56,10 @@ except ImportError:  # not installed: use the checkout's src/ (src layout)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     sys.path.insert(0, os.path.join(root, "src"))
 
-from agentic_rl.config import GRPOConfig
+from agentic_rl.grpo import GRPOConfig
 from agentic_rl.models import add_lora, count_parameters, load_pretrained
 from agentic_rl.rollout import first_scored_column, shared_prompts
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.grpo import GRPOTrainer
 from agentic_rl.trl_bridge import trl_config_kwargs, trl_task
 from agentic_rl.utils import seed_everything
 
@@ -225,7 +225,7 @@ def run_seed(args, seed: int, folder: str) -> dict:
                 t_in = time.perf_counter()
                 for path, trainer in ours.items():
                     t0 = time.perf_counter()
-                    row = trainer.grpo_step()
+                    row = trainer.rl_step()
                     times[path].append(time.perf_counter() - t0)
                     rewards[path].append(row["reward_mean"])
                 self.inserted = time.perf_counter() - t_in

@@ -16,7 +16,7 @@ the other (not interleaved):
   from one ``on_step_begin`` callback to the next: the batch fetch, generation, reward, loss,
   backward, AdamW, and TRL's and transformers' per-step metrics and logging
   (``logging_steps = 1``; the printer callback is removed, nothing is printed).
-- ``plain``: this package's ``GRPOTrainer.grpo_step`` with ``share_prompt_prefix=False``.
+- ``plain``: this package's ``GRPOTrainer.rl_step`` with ``share_prompt_prefix=False``.
 - ``fast``: the same with ``share_prompt_prefix=True`` (each prompt encoded once for its group).
 
 Per side: ``--warmup`` steps untimed, ``--steps`` steps timed without the profiler (the reference
@@ -96,7 +96,7 @@ from bench_vs_trl import log, make_config, run_info, trl_trainer, warm_start
 
 from agentic_rl.models import load_pretrained
 from agentic_rl.rollout import first_scored_column, shared_prompts
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.grpo import GRPOTrainer
 from agentic_rl.trl_bridge import trl_task
 
 PROFILE = "quick"
@@ -274,7 +274,7 @@ def run_ours(args, folder: str, fast: bool) -> dict:
     phases = Phases(trainer, "rollout", window)
     for i in range(window.total):
         window.mark(i)
-        trainer.grpo_step()
+        trainer.rl_step()
     window.mark(window.total)
     batches = phases.outputs
     return finish(

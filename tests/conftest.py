@@ -47,7 +47,7 @@ def model(tokenizer):
 @pytest.fixture
 def tiny_config():
     """Factory for a fast GRPOConfig: tiny model, tiny eval, no progress bars; keyword overrides win."""
-    from agentic_rl.config import GRPOConfig
+    from agentic_rl.grpo import GRPOConfig
 
     def make(**overrides):
         base = dict(

@@ -22,10 +22,10 @@ import torch
 
 from agentic_rl.advantages import group_advantages
 from agentic_rl.agent import AgentTrainer, ValueModel, evaluate_agent
-from agentic_rl.config import PPOConfig
+from agentic_rl.agent import PPOConfig
 from agentic_rl.envs import make_env
 from agentic_rl.envs.frozenlake import ACTION_CLOSE, ACTION_OPEN, ACTIONS
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.grpo import GRPOTrainer
 
 TIMING = {"tokens_per_s", "step_time"}
 
@@ -59,7 +59,7 @@ def sft_policy():
     rate ~0.7, success ~0.2), so rollouts mix successes, holes, malformed actions and multi-turn episodes."""
     trainer = AgentTrainer(_config(sft_steps=60, sft_learning_rate=3e-3, seed=0))
     trainer.sft()
-    assert trainer.phase == "grpo"
+    assert trainer.phase == "rl"
     return trainer.model, trainer.tokenizer
 
 
@@ -308,7 +308,7 @@ def test_grpo_estimator_has_no_critic_and_uses_group_advantages(sft_policy):
     config = _config(advantage_estimator="grpo", num_generations=4, prompts_per_step=6, sft_steps=3, max_steps=1)
     trainer = AgentTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer)
     trainer.sft()
-    assert trainer.phase == "grpo" and trainer.critic is None
+    assert trainer.phase == "rl" and trainer.critic is None
     assert len(trainer.optimizer.param_groups) == 1
     assert "value_loss" not in trainer.extra_metrics
 
@@ -326,7 +326,7 @@ def test_grpo_estimator_has_no_critic_and_uses_group_advantages(sft_policy):
     torch.testing.assert_close(adv, by_hand[:, None] * batch.loss_mask, atol=1e-5, rtol=1e-5)
     assert adv.abs().sum() > 0, "want at least one group with different returns"
 
-    row = trainer.grpo_step()
+    row = trainer.rl_step()
     assert "value_loss" not in row and "explained_variance" not in row and "success_rate" in row
 
 
@@ -398,7 +398,7 @@ def test_logged_reward_is_the_env_reward_with_bootstrap(make_trainer):
     trainer.rollout = keep
     trainer.problem_rng = random.Random(5)
     torch.manual_seed(0)
-    row = trainer.grpo_step()
+    row = trainer.rl_step()
     batch = seen["batch"]
     assert batch.extras["truncated"].any()
     ret = batch.extras["episode_return"]
@@ -434,15 +434,15 @@ def test_crash_and_resume_is_bit_identical_with_the_critic(run_a, tmp_path):
     out = tmp_path / "run_b"
 
     class CrashAtStep5(AgentTrainer):
-        def grpo_step(self):
+        def rl_step(self):
             if self.step == 4:  # RL step 5; the last checkpoint is after step 4
                 raise RuntimeError("simulated crash")
-            return super().grpo_step()
+            return super().rl_step()
 
     crashing = CrashAtStep5(_config(output_dir=str(out), **RESUME))
     with pytest.raises(RuntimeError, match="simulated crash"):
         crashing.train()
-    assert (crashing.phase, crashing.step) == ("grpo", 4)
+    assert (crashing.phase, crashing.step) == ("rl", 4)
 
     resumed = AgentTrainer(_config(output_dir=str(out), **RESUME))
     summary = resumed.train()

@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from agentic_rl.cli import main
-from agentic_rl.config import GRPOConfig, config_from_args
+from agentic_rl.cli import config_from_args
+from agentic_rl.grpo import GRPOConfig
 
 METRICS = ["step", "reward_mean", "reward_std", "accuracy", "format_rate", "frac_reward_zero_std", "completion_length", "loss",
            "kl", "entropy", "clip_ratio", "grad_norm", "tokens_per_s", "step_time", "skipped"]

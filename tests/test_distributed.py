@@ -58,8 +58,8 @@ def _torchrun(*args, timeout=180):
 
 
 def _trainer(name):
-    from agentic_rl.config import GRPOConfig
-    from agentic_rl.train import GRPOTrainer
+    from agentic_rl.grpo import GRPOConfig
+    from agentic_rl.grpo import GRPOTrainer
 
     t = GRPOTrainer(GRPOConfig(**{**TINY, **CASES[name]}))
     if name == "filtered":
@@ -68,7 +68,7 @@ def _trainer(name):
 
 
 def _one_step(name, batch, state):
-    """One ``grpo_step`` on ``batch`` from the weights ``state``: the parameters after it, the
+    """One ``rl_step`` on ``batch`` from the weights ``state``: the parameters after it, the
     gradient the optimizer stepped with (after the all-reduce and clipping), the history row."""
     t = _trainer(name)
     t.model.load_state_dict(state)
@@ -82,7 +82,7 @@ def _one_step(name, batch, state):
         return step(*args, **kwargs)
 
     t.optimizer.step = record
-    row = t.grpo_step()
+    row = t.rl_step()
     params = torch.cat([p.detach().flatten() for p in t.model.parameters()])
     return params, seen["grad"], row
 
@@ -113,7 +113,7 @@ def global_batch():
     0's half scores fewer tokens than rank 1's (its first group's completions cut to 2 tokens),
     so that a token-weighted loss differs from the mean of the two halves' losses."""
     t = _trainer("grpo")
-    t._make_ref_model()  # reference log-probs in the batch (the KL case uses them)
+    t.make_ref_model()  # reference log-probs in the batch (the KL case uses them)
     batch = t.rollout()
     g = torch.Generator().manual_seed(0)
     last = (batch.loss_mask * torch.arange(batch.loss_mask.shape[1])).argmax(1)
@@ -188,8 +188,9 @@ def _rows(folder, name="metrics.csv"):
 
 def test_cli_under_torchrun_writes_once_and_resumes(tmp_path):
     from agentic_rl import checkpoint as ckpt
-    from agentic_rl.config import GRPOConfig, config_from_args
-    from agentic_rl.train import preflight
+    from agentic_rl.cli import config_from_args
+    from agentic_rl.grpo import GRPOConfig
+    from agentic_rl.runs import preflight
 
     out = tmp_path / "run"
     r = _torchrun(*_cli_args(out, 2))
@@ -270,8 +271,9 @@ def test_cli_under_torchrun_refuses_prompts_that_do_not_divide(tmp_path):
      (dict(scale_rewards="batch"), "scale_rewards")],
 )  # fmt: skip
 def test_what_does_not_split_across_ranks_is_refused_before_compute(monkeypatch, overrides, field):
-    from agentic_rl.config import ConfigError, GRPOConfig
-    from agentic_rl.train import check_data_parallel
+    from agentic_rl.config import ConfigError
+    from agentic_rl.distributed import check_data_parallel
+    from agentic_rl.grpo import GRPOConfig
 
     config = GRPOConfig(**{**TINY, "prompts_per_step": 4, **overrides})
     check_data_parallel(config)  # one process: anything goes
@@ -283,12 +285,15 @@ def test_what_does_not_split_across_ranks_is_refused_before_compute(monkeypatch,
 
 def test_every_recipe_shards_and_a_rollout_that_does_not_is_refused(monkeypatch):
     from agentic_rl.agent import AgentTrainer
-    from agentic_rl.config import ConfigError, GRPOConfig, StarPOConfig
+    from agentic_rl.config import ConfigError
+    from agentic_rl.grpo import GRPOConfig
+    from agentic_rl.starpo import StarPOConfig
     from agentic_rl.gcd import GCDTrainer
     from agentic_rl.rcgrpo import RCGRPOTrainer
     from agentic_rl.retool import ReToolTrainer
     from agentic_rl.starpo import StarPOTrainer
-    from agentic_rl.train import GRPOTrainer, check_data_parallel
+    from agentic_rl.distributed import check_data_parallel
+    from agentic_rl.grpo import GRPOTrainer
 
     class PlaysEverything(GRPOTrainer):  # a new recipe that draws and plays a whole step
         def rollout(self):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentic_rl import coupling
-from agentic_rl.config import GCDConfig
+from agentic_rl.gcd import GCDConfig
 from agentic_rl.envs import HouseholdEnv
 from agentic_rl.envs.household import counterfactual_goal
 from agentic_rl.gcd import (
@@ -22,7 +22,7 @@ from agentic_rl.gcd import (
     judgement_loss,
     lemma_value,
     measure_coupling,
-    run_gcd_arms,
+    run_arms,
     simulate_risky_action,
     softmax_policy_gradient,
 )
@@ -325,8 +325,8 @@ def test_evaluation_plays_the_splits_it_names():
         assert all(len(k) == n for k, n in zip(b.extras["kinds"], b.extras["num_turns"].tolist()))
 
 
-def test_run_gcd_arms_shares_one_sft_start():
-    arms = run_gcd_arms(tiny(max_steps=1, coupling_every=0), ARMS)
+def test_run_arms_shares_one_sft_start():
+    arms = run_arms(tiny(max_steps=1, coupling_every=0), ARMS)
     assert list(arms) == list(ARMS)
     before = [t.evals["before"]["id_sampled_success"] for t in arms.values()]
     assert len(set(before)) == 1  # the same start, evaluated the same way
@@ -346,7 +346,7 @@ def test_a_judgement_token_written_into_an_action_is_a_malformed_action():
     # the policy is never asked to write a judgement; if it does, the environment answers it
     # like any text outside its grammar: a message, reward 0, the episode goes on
     trainer = GCDTrainer(tiny(sft_steps=0))
-    env = trainer._make_task()
+    env = trainer.make_task()
     env.reset(0)
     for text in ("<|good|>", "put mug in <|bad|>", "<|good|> look"):
         obs, reward, done, info = env.step(text)

@@ -27,19 +27,14 @@ import torch
 
 from agentic_rl import checkpoint as ckpt
 from agentic_rl.checkpoint import CheckpointError, ConfigMismatchError, RunLockedError
-from agentic_rl.cli import main
-from agentic_rl.config import (
-    TINY_MAX_POSITIONS,
-    ConfigError,
-    GCDConfig,
-    GRPOConfig,
-    PPOConfig,
-    RCGRPOConfig,
-    ReToolConfig,
-    StarPOConfig,
-    RunError,
-)
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.cli import RECIPES, main, recipe
+from agentic_rl.agent import PPOConfig
+from agentic_rl.config import TINY_MAX_POSITIONS, ConfigError, RunError
+from agentic_rl.gcd import GCDConfig
+from agentic_rl.grpo import GRPOConfig, GRPOTrainer
+from agentic_rl.rcgrpo import RCGRPOConfig
+from agentic_rl.retool import ReToolConfig
+from agentic_rl.starpo import StarPOConfig
 
 #: The tiny model every CLI test trains (seconds on a CPU).
 TINY_MODEL = [
@@ -321,11 +316,10 @@ def _bad_values(cls):
             yield cls, {f.name: -INF}, f.name
 
 
-ALL_CASES = CASES + [
-    c
-    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)
-    for c in _bad_values(cls)
-]
+#: Every registered recipe's config (``cli.RECIPES``): its fields get the sweep below.
+RECIPE_CONFIGS = {name: recipe(name).CONFIG for name in RECIPES}
+
+ALL_CASES = CASES + [c for cls in RECIPE_CONFIGS.values() for c in _bad_values(cls)]
 
 
 @pytest.mark.parametrize(
@@ -559,7 +553,7 @@ def test_checkpoint_is_loadable_with_weights_only_and_has_header(finished):
     assert header.startswith(b"AGENTIC-RL-CHECKPOINT 1 sha256=")
     state = torch.load(io.BytesIO(payload), weights_only=True)  # no pickle of arbitrary objects
     assert (
-        state["phase"] == "grpo"
+        state["phase"] == "rl"
         and state["step"] == 2
         and isinstance(state["rng"]["numpy"]["keys"], torch.Tensor)
     )
@@ -631,7 +625,7 @@ def test_bad_checkpoint_stops_with_a_named_error_and_deletes_nothing(
 
 
 def _tiny_kwargs(out, **kw):
-    from agentic_rl.config import config_from_args
+    from agentic_rl.cli import config_from_args
 
     c = config_from_args(GRPOConfig, [*TINY, "--output-dir", str(out)], prog="t")
     return {**{k: v for k, v in c.to_dict().items() if k != "profile"}, **kw}
@@ -816,24 +810,26 @@ def _rows(path):
         ]
 
 
-@pytest.mark.parametrize(
-    "recipe,argv",
-    [
-        ("grpo", [*TINY, "--max-steps", "6", "--save-steps", "1"]),
-        ("ppo", TINY_PPO),
-        ("retool", [*TINY_RETOOL, "--mask-interpreter", "false"]),
-        ("starpo", [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"]),
-        ("rcgrpo", TINY_RCGRPO),
-        ("gcd", TINY_GCD),
-    ],
-)
-def test_kill_9_and_resume_is_identical(tmp_path, recipe, argv):
+#: A tiny CLI run of every registered recipe (a new recipe adds its row; tests/test_registry.py
+#: checks that every recipe has one).
+TINY_RUNS = {
+    "grpo": [*TINY, "--max-steps", "6", "--save-steps", "1"],
+    "ppo": TINY_PPO,
+    "retool": [*TINY_RETOOL, "--mask-interpreter", "false"],
+    "starpo": [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"],
+    "rcgrpo": TINY_RCGRPO,
+    "gcd": TINY_GCD,
+}
+
+
+@pytest.mark.parametrize("name,argv", list(TINY_RUNS.items()))
+def test_kill_9_and_resume_is_identical(tmp_path, name, argv):
     a, b = tmp_path / "a", tmp_path / "b"
-    r = _run(recipe, *argv, "--output-dir", str(a))
+    r = _run(name, *argv, "--output-dir", str(a))
     assert r.returncode == 0, r.stderr
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
     p = subprocess.Popen(
-        [sys.executable, "-m", "agentic_rl", recipe, *argv, "--output-dir", str(b)],
+        [sys.executable, "-m", "agentic_rl", name, *argv, "--output-dir", str(b)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env=env,
@@ -844,8 +840,8 @@ def test_kill_9_and_resume_is_identical(tmp_path, recipe, argv):
     p.send_signal(signal.SIGKILL)
     p.wait()
     killed_at = ckpt.load(str(b / "checkpoint.pt"))
-    assert killed_at["phase"] == "grpo" and "after" not in killed_at["evals"]  # killed mid-run
-    r = _run(recipe, *argv, "--output-dir", str(b))
+    assert killed_at["phase"] == "rl" and "after" not in killed_at["evals"]  # killed mid-run
+    r = _run(name, *argv, "--output-dir", str(b))
     assert r.returncode == 0, r.stderr
     assert _rows(b / "metrics.csv") == _rows(a / "metrics.csv")
     sa, sb = ckpt.load(str(a / "checkpoint.pt")), ckpt.load(str(b / "checkpoint.pt"))

@@ -16,12 +16,13 @@ import sys
 import pytest
 import torch
 
-from agentic_rl.config import ConfigError, GRPOConfig
+from agentic_rl.config import ConfigError
+from agentic_rl.grpo import GRPOConfig
 from agentic_rl.envs import make_task
 from agentic_rl.envs.sums import SumsTask, is_bare_number, parse_answer
 from agentic_rl.models import PACKAGED_MODELS, AdaptersOff, load_pretrained, resolve_model
 from agentic_rl.rollout import generate_batch, sequence_logprobs
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.grpo import GRPOTrainer
 
 ALIAS = "smollm2-135m-instruct"
 
@@ -195,7 +196,7 @@ def test_gradients_reach_the_adapters_only(base):
 
 def test_reference_is_the_base_model_with_adapters_off(base):
     t = trainer(base)
-    t._make_ref_model()
+    t.make_ref_model()
     assert isinstance(t.ref_model, AdaptersOff)  # no second copy of 135 M parameters
     with torch.no_grad():
         for name, p in t.model.named_parameters():
@@ -209,7 +210,7 @@ def test_reference_is_the_base_model_with_adapters_off(base):
         policy = sequence_logprobs(t.model, *args, temperature=0.7)
     assert torch.equal(ref, plain)
     assert not torch.allclose(policy * batch.loss_mask, plain * batch.loss_mask, atol=1e-3)
-    t._make_ref_model()  # trained adapters: no longer the starting policy, so a real copy
+    t.make_ref_model()  # trained adapters: no longer the starting policy, so a real copy
     assert not isinstance(t.ref_model, AdaptersOff)
 
 

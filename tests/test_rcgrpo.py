@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from agentic_rl.cli import main
-from agentic_rl.config import ConfigError, RCGRPOConfig
+from agentic_rl.config import ConfigError
+from agentic_rl.rcgrpo import RCGRPOConfig
 from agentic_rl.envs import FileSystemEnv
 from agentic_rl.models import add_lora, add_special_tokens, build_model, build_tokenizer
 from agentic_rl.rcgrpo import (
@@ -556,7 +557,7 @@ def test_high_and_none_rollouts():
 def test_rollout_metrics_and_frac_reward_zero_std_in_a_training_row():
     setup(0)
     t = RCGRPOTrainer(tiny(sft_steps=0))
-    row = t.grpo_step()
+    row = t.rl_step()
     for key in (
         "zero_std_easy",
         "zero_std_hard",

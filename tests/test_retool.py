@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentic_rl import sandbox
-from agentic_rl.config import ReToolConfig
+from agentic_rl.retool import ReToolConfig
 from agentic_rl.envs import MultiplyEnv, make_env
 from agentic_rl.envs.multiply import render_output, to_source
 from agentic_rl.multiturn import rollout_multiturn
@@ -199,7 +199,7 @@ def test_recorded_logprobs_equal_re_encoding_the_whole_row(trained):
 def test_cache_reuse_and_re_encoding_sample_the_same_tokens(trained):
     outs = []
     for reuse in (True, False):
-        envs = [trained._make_task(pool=trained.pool) for _ in range(8)]
+        envs = [trained.make_task(pool=trained.pool) for _ in range(8)]
         torch.manual_seed(7)
         b = rollout_multiturn(
             trained.model,

@@ -21,7 +21,7 @@ from agentic_rl.rollout import (
     shared_prefix_logprobs,
     shared_prompts,
 )
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.grpo import GRPOTrainer
 
 
 def _batch(model, tokenizer, task, *, greedy=False, temperature=1.0, flag=False, seed=0, n=6):
@@ -135,7 +135,7 @@ def test_bf16_autocast_only_on_a_gpu_that_supports_it(monkeypatch):
     import contextlib
     import warnings
 
-    from agentic_rl.train import mixed_precision
+    from agentic_rl.utils import mixed_precision
 
     cpu, cuda = torch.device("cpu"), torch.device("cuda")
     assert isinstance(mixed_precision(cpu, True), contextlib.nullcontext)  # the CPU stays fp32
@@ -151,7 +151,7 @@ def test_bf16_autocast_only_on_a_gpu_that_supports_it(monkeypatch):
 
 def test_the_full_profile_asks_for_bf16_on_a_gpu_only(monkeypatch):
     from agentic_rl import config as config_mod
-    from agentic_rl.config import GRPOConfig
+    from agentic_rl.grpo import GRPOConfig
 
     assert GRPOConfig.from_profile("full", device="cpu").bf16 is False
     monkeypatch.setattr(config_mod, "_on_cuda", lambda device: True)
@@ -166,3 +166,38 @@ def test_bf16_on_the_cpu_changes_nothing(tiny_config):
         runs[-1].train()
     assert runs[0].history[-1]["loss"] == runs[1].history[-1]["loss"]
     assert runs[0].history[-1]["grad_norm"] == runs[1].history[-1]["grad_norm"]
+
+
+@pytest.mark.parametrize("name", ["ppo", "retool", "starpo", "rcgrpo", "gcd"])
+def test_the_fast_path_gives_the_plain_logprobs_on_every_agent_recipe(name):
+    """The agent recipes run the fast path too (the default): on a multi-turn rollout batch,
+    each distinct first observation (RC-GRPO's differ within a group: the reward token) encoded
+    once gives the plain pass's log-probs, entropies and gradients up to float order."""
+    import dataclasses
+
+    from agentic_rl.cli import recipe
+
+    chapter = recipe(name)
+    config = chapter.CONFIG(sft_steps=0, prompts_per_step=4, eval_size=2, disable_tqdm=True)
+    trainer = chapter.TRAINER(config)
+    try:
+        batch = trainer.rollout()
+        results = {}
+        for fast in (False, True):
+            trainer.config = dataclasses.replace(
+                config, share_prompt_prefix=fast, skip_prompt_logits=fast
+            )
+            trainer.model.zero_grad(set_to_none=True)
+            logprobs, entropy = trainer.policy_logprobs(batch)
+            (logprobs * batch.loss_mask).sum().backward()
+            grads = [p.grad.clone() for p in trainer.model.parameters() if p.grad is not None]
+            results[fast] = (logprobs.detach(), entropy.detach(), grads)
+    finally:
+        trainer.close()
+    mask = batch.loss_mask.bool()
+    (lp0, en0, g0), (lp1, en1, g1) = results[False], results[True]
+    assert (lp0 - lp1)[mask].abs().max() < 1e-5
+    assert (en0 - en1)[mask].abs().max() < 1e-5
+    assert len(g0) == len(g1)
+    worst = max(float((a - b).abs().max() / a.abs().max().clamp(min=1e-12)) for a, b in zip(g0, g1))
+    assert worst < 1e-4, worst  # relative to each tensor's largest entry: float summation order

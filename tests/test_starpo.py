@@ -11,7 +11,8 @@ import torch
 
 from agentic_rl import filters
 from agentic_rl.cli import main
-from agentic_rl.config import ConfigError, StarPOConfig
+from agentic_rl.config import ConfigError
+from agentic_rl.starpo import StarPOConfig
 from agentic_rl.rollout import Batch
 from agentic_rl.starpo import StarPOTrainer, collapse_step, distinct_per_group
 from agentic_rl.utils import setup
@@ -57,8 +58,8 @@ def test_top_k_filter_keeps_whole_groups_and_takes_fewer_gradient_steps():
     setup(0)
     t = StarPOTrainer(tiny(preset="starpo-s", filter_value=0.5, mini_batch_size=2))
     steps = []
-    t._optimizer_step = lambda loss, f=t._optimizer_step: steps.append(1) or f(loss)
-    row = t.grpo_step()
+    t.optimizer_step = lambda loss, f=t.optimizer_step: steps.append(1) or f(loss)
+    row = t.rl_step()
     assert row["kept_groups"] == 0.5  # 2 of 4 groups
     assert len(steps) == math.ceil(2 * 4 / 2)  # 8 kept rows, 2 per gradient step
     assert row["chosen_in_group_std"] >= row["in_group_std"]
@@ -68,8 +69,8 @@ def test_no_filter_uses_every_row_in_minibatches_of_the_configured_size():
     setup(0)
     t = StarPOTrainer(tiny(mini_batch_size=5))
     steps = []
-    t._optimizer_step = lambda loss, f=t._optimizer_step: steps.append(1) or f(loss)
-    row = t.grpo_step()
+    t.optimizer_step = lambda loss, f=t.optimizer_step: steps.append(1) or f(loss)
+    row = t.rl_step()
     assert row["kept_groups"] == 1.0 and len(steps) == math.ceil(16 / 5)
 
 
@@ -89,7 +90,7 @@ def test_a_filter_that_keeps_nothing_skips_the_update_and_says_why():
     with pytest.warns(
         RuntimeWarning, match="the filter kept no rollout \\(no group had the reward spread"
     ):
-        row = t.grpo_step()
+        row = t.rl_step()
     assert row["skipped"] == 1 and row["kept_groups"] == 0.0 and math.isnan(row["loss"])
     assert row["in_group_std"] == 0.0  # the indicators are still the rollout's
     assert all(torch.equal(before[k], v) for k, v in t.model.state_dict().items())
@@ -123,7 +124,7 @@ def test_one_step_on_every_environment(env):
     setup(0)
     t = StarPOTrainer(tiny(env=env, sft_steps=2, sft_batch_size=4))
     t.sft()
-    row = t.grpo_step()
+    row = t.rl_step()
     assert 1.0 <= row["distinct_per_group"] <= 4.0
     assert row["skipped"] == 0 and math.isfinite(row["loss"])
 
@@ -204,5 +205,5 @@ def test_starpo_ppo_with_a_critic_runs_and_filters_whole_groups():
         tiny(env="frozenlake", advantage_estimator="gae", preset="starpo-s", filter_value=0.5)
     )
     assert t.critic is not None
-    row = t.grpo_step()
+    row = t.rl_step()
     assert row["kept_groups"] == 0.5 and math.isfinite(row["value_loss"])

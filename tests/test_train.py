@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import agentic_rl.train as train_mod
-from agentic_rl.config import PROFILES, GRPOConfig
+from agentic_rl.grpo import GRPOConfig
 from agentic_rl.rollout import sequence_logprobs
-from agentic_rl.train import GRPOTrainer
+from agentic_rl.grpo import GRPOTrainer
 
 METRICS = ["step", "reward_mean", "reward_std", "accuracy", "format_rate", "frac_reward_zero_std", "completion_length", "loss",
            "kl", "entropy", "clip_ratio", "approx_kl", "grad_norm", "tokens_per_s", "step_time", "skipped"]
@@ -90,7 +90,7 @@ def test_profiles():
     assert quick == GRPOConfig()  # the quick profile is the dataclass defaults
     full = GRPOConfig.from_profile("full")
     assert full.profile == "full"
-    for name, value in PROFILES["full"].items():
+    for name, value in GRPOConfig.PROFILES["full"].items():
         assert getattr(full, name) == value
     assert (full.hidden_size, full.num_hidden_layers, full.digits) == (256, 6, 3)
     assert (quick.hidden_size, quick.num_hidden_layers, quick.digits) == (128, 4, 2)
@@ -136,7 +136,7 @@ RESUME = dict(sft_steps=30, max_steps=6, save_steps=2, learning_rate=1e-3, log_k
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory):
     """An uninterrupted run: 30 SFT steps and 6 GRPO steps, checkpoint every 2 steps."""
-    from agentic_rl.config import GRPOConfig as C
+    from agentic_rl.grpo import GRPOConfig as C
 
     out = tmp_path_factory.mktemp("run_a")
     base = dict(digits=1, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
@@ -158,7 +158,7 @@ def test_run_a_is_not_trivial(run_a):
     assert (run_a["dir"] / "checkpoint.pt").exists() and (run_a["dir"] / "metrics.csv").exists()
 
 
-@pytest.mark.parametrize("phase", ["grpo", "sft"])
+@pytest.mark.parametrize("phase", ["rl", "sft"])
 def test_crash_and_resume_is_bit_identical(run_a, tmp_path, monkeypatch, phase):
     out = tmp_path / "run_b"
 
@@ -168,7 +168,7 @@ def test_crash_and_resume_is_bit_identical(run_a, tmp_path, monkeypatch, phase):
                 raise RuntimeError("simulated crash")
             return super().compute_loss(batch, advantages)
 
-    if phase == "grpo":
+    if phase == "rl":
         crashing = CrashAtGRPOStep5(_config(run_a, out))
     else:
         calls = {"n": 0}
@@ -185,7 +185,7 @@ def test_crash_and_resume_is_bit_identical(run_a, tmp_path, monkeypatch, phase):
     with pytest.raises(RuntimeError, match="simulated crash"):
         crashing.train()
     monkeypatch.undo()
-    assert (crashing.phase, crashing.step) == (("grpo", 4) if phase == "grpo" else ("sft", 24))
+    assert (crashing.phase, crashing.step) == (("rl", 4) if phase == "rl" else ("sft", 24))
 
     resumed = GRPOTrainer(_config(run_a, out))  # a fresh process would do exactly this
     summary = resumed.train()
@@ -245,9 +245,9 @@ def test_nan_guard_skips_the_update_and_training_continues(tiny_config, what):
                     self.hooks.append(p.register_hook(lambda g: torch.full_like(g, float("inf"))))
             return loss, metrics
 
-        def grpo_step(self):
+        def rl_step(self):
             before = _state(self.model)
-            row = super().grpo_step()
+            row = super().rl_step()
             for h in self.hooks:
                 h.remove()
             self.snapshots.append((before, _state(self.model)))
@@ -332,7 +332,7 @@ def test_clip_ratio_is_logged_with_several_iterations(tiny_config):
 def test_kl_term_is_beta_times_aggregated_k3(tiny_config, loss_type):
     trainer = GRPOTrainer(tiny_config(sft_steps=0, beta=0.0, loss_type=loss_type, prompts_per_step=4, num_generations=4,
                                       max_completion_length=5))
-    trainer._make_ref_model()
+    trainer.make_ref_model()
     with torch.no_grad():  # move the policy away from pi_ref so the KL is not 0
         for p in trainer.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
@@ -394,7 +394,7 @@ def test_trainer_requires_tokenizer_with_model(model, tiny_config):
 def test_trainer_accepts_an_existing_policy(model, tokenizer, tiny_config):
     policy = copy.deepcopy(model)
     trainer = GRPOTrainer(tiny_config(max_steps=1), model=policy, tokenizer=tokenizer)
-    assert trainer.model is policy and trainer.phase == "grpo"
+    assert trainer.model is policy and trainer.phase == "rl"
     trainer.train()
     assert len(trainer.history) == 1
 
@@ -413,7 +413,7 @@ def test_minibatches_split_each_pass_into_disjoint_gradient_steps(tiny_config):
     trainer.train()
     assert seen == [4] * 8  # 16 rows -> 4 minibatches of 4, twice
     batch = trainer.rollout()
-    parts = trainer._minibatches(len(batch))
+    parts = trainer.minibatches(len(batch))
     rows = torch.cat(parts).sort().values
     assert torch.equal(rows, torch.arange(len(batch)))  # disjoint, and together the whole batch
     sub = batch.select(parts[0])

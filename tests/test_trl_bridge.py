@@ -16,7 +16,7 @@ import torch
 
 from conftest import fake_generate
 
-from agentic_rl.config import GRPOConfig
+from agentic_rl.grpo import GRPOConfig
 from agentic_rl.envs import AdditionTask, SumsTask
 from agentic_rl.losses import aggregate
 from agentic_rl.trl_bridge import TRL_LOSS_TYPES, trl_config_kwargs, trl_task
@@ -30,7 +30,7 @@ def test_package_imports_without_trl_and_says_how_to_install(monkeypatch):
     code = (
         "import sys; sys.modules['trl'] = sys.modules['datasets'] = None\n"  # not installed
         "import agentic_rl.trl_bridge, agentic_rl.train, agentic_rl.cli\n"
-        "from agentic_rl.config import GRPOConfig\n"
+        "from agentic_rl.grpo import GRPOConfig\n"
         "agentic_rl.trl_bridge.trl_config_kwargs(GRPOConfig())\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -176,7 +176,7 @@ def test_reward_equals_the_package_rollout_score(model, tokenizer):
 
 def test_dataset_rows_are_the_trainers_problem_stream(tiny_config):
     pytest.importorskip("datasets")
-    from agentic_rl.train import GRPOTrainer
+    from agentic_rl.grpo import GRPOTrainer
 
     config = tiny_config(seed=3)
     trainer = GRPOTrainer(config)
@@ -226,7 +226,7 @@ def test_trl_grpo_trainer_trains_on_the_bridge(task_name, tmp_path, tiny_config)
     trl = pytest.importorskip("trl")
     from agentic_rl.models import build_model
     from agentic_rl.rollout import chat_prompt, encode_prompts
-    from agentic_rl.train import GRPOTrainer
+    from agentic_rl.grpo import GRPOTrainer
 
     config = tiny_config(max_completion_length=4, learning_rate=1e-2)
     if task_name == "addition":  # a short SFT, so that some answers are right and groups spread

@@ -1,6 +1,7 @@
 """Multi-turn agents: PPO with a critic and GAE, or GRPO, on a text environment.
 
-:class:`AgentTrainer` is the GRPO trainer with four pieces swapped, and nothing else copied:
+The GAE/PPO chapter's recipe: :class:`PPOConfig`, and :class:`AgentTrainer`, the loop
+(:class:`~agentic_rl.train.Trainer`) with four pieces filled in, and nothing else copied:
 
 - ``rollout``: the multi-turn agent loop (``agentic_rl.multiturn``) instead of single-turn sampling;
 - ``compute_advantages``: GAE over generated tokens with the critic's values (eqs. gae-delta,
@@ -20,19 +21,73 @@ reason about when teaching.
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import nn
 
 from . import distributed as dist
 from .advantages import explained_variance, gae, group_advantages, masked_mean, masked_whiten
-from .config import PPOConfig
+from .config import FULL_MODEL, AgentFields, CriticFields, FrozenLakeFields, _f, defaults
 from .envs import make_env
 from .losses import aggregate
 from .rollout import Batch, build_segments_batch
-from .train import GRPOTrainer, _fixed_rng, run_recipe
+from .train import Trainer
+from .utils import EVAL_SAMPLING_OFFSET, eval_sampling_seed, eval_seeds, fixed_rng, train_seed
 
-__all__ = ["ValueModel", "AgentTrainer", "run_ppo", "evaluate_agent"]
+__all__ = ["PPOConfig", "ValueModel", "AgentTrainer", "evaluate_agent", "CONFIG", "TRAINER"]
+
+
+@dataclass
+@defaults(
+    sft_steps=300,
+    sft_batch_size=32,
+    max_steps=60,
+    eval_size=128,
+    loss_type="token-mean",
+)
+class PPOConfig(AgentFields, CriticFields, FrozenLakeFields):
+    """PPO with a critic and GAE (or GRPO, for comparison) on a multi-turn text environment."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("frozenlake",)
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(
+            FULL_MODEL,
+            num_hidden_layers=6,
+            map_size=6,
+            max_turns=14,
+            sft_steps=2000,
+            sft_batch_size=64,
+            max_steps=300,
+            prompts_per_step=128,
+            eval_size=512,
+            max_action_tokens=3,
+        ),
+    }
+
+    num_generations: int = _f(
+        1,
+        "Episodes per seed: 1 for PPO (the critic is the baseline); "
+        ">= 2 (a group) for the grpo estimator.",
+    )
+    prompts_per_step: int = _f(
+        32,
+        "Episode seeds per RL step; the batch holds prompts_per_step * num_generations episodes.",
+    )
+    num_minibatches: int = _f(
+        4,
+        "Minibatches per pass over the rollout batch: 4 gradient steps per batch by default "
+        "(verl's default, 1 epoch of 4 minibatches); from the second, the ratio departs from 1 "
+        "and clipping acts.",
+    )
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("map_size", "max_action_tokens")
+
+    def min_sequence_tokens(self) -> int:
+        # the first observation (the map, one token per tile and row separator) and one action
+        return self.map_size * (self.map_size + 1) + 3 + self.max_action_tokens
 
 
 class ValueModel(nn.Module):
@@ -75,7 +130,7 @@ class ValueModel(nn.Module):
         return values, after
 
 
-class AgentTrainer(GRPOTrainer):
+class AgentTrainer(Trainer):
     """SFT on demonstrations, then PPO+GAE (``advantage_estimator="gae"``) or GRPO,
     on a multi-turn env."""
 
@@ -85,12 +140,12 @@ class AgentTrainer(GRPOTrainer):
         self.critic = None
         super().__init__(config, model=model, tokenizer=tokenizer)
         # no SFT phase: RL starts now
-        if config.advantage_estimator == "gae" and self.phase == "grpo":
+        if config.advantage_estimator == "gae" and self.phase == "rl":
             self._make_critic()
-            self.optimizer = self._make_optimizer()
+            self.optimizer = self.make_optimizer()
 
     # ------------------------------------------------------------------ construction
-    def _make_task(self):
+    def make_task(self):
         c = self.config
         return make_env(
             c.env,
@@ -100,26 +155,25 @@ class AgentTrainer(GRPOTrainer):
             max_turns=c.max_turns,
         )
 
-    def _make_eval_set(self):
-        # Held-out episode seeds (maps), disjoint from the training seeds,
-        # which are drawn below 10**6.
-        return [10**6 + 10_000 * self.config.seed + i for i in range(self.config.eval_size)]
+    def make_eval_set(self):
+        # held-out episode seeds (maps), above every training seed (utils.eval_seeds)
+        return eval_seeds(self.config.seed, self.config.eval_size)
 
     def _make_critic(self):
         self.critic = ValueModel.from_policy(self.model).to(self.device)
 
-    def _make_optimizer(self):
-        opt = super()._make_optimizer()
-        if self.phase == "grpo" and self.critic is not None:
+    def make_optimizer(self):
+        opt = super().make_optimizer()
+        if self.phase == "rl" and self.critic is not None:
             opt.add_param_group(
                 {"params": list(self.critic.parameters()), "lr": self.config.critic_learning_rate}
             )
         return opt
 
-    def _start_grpo(self):
+    def start_rl(self):
         if self.config.advantage_estimator == "gae":
             self._make_critic()  # from the SFT policy's trunk, before the RL optimizer is built
-        super()._start_grpo()
+        super().start_rl()
 
     headline = ("success", "sampled_success")
     headline_definition = (
@@ -141,10 +195,10 @@ class AgentTrainer(GRPOTrainer):
             else ()
         )
 
-    def _extra_state(self) -> dict:
+    def extra_state(self) -> dict:
         return {"critic": self.critic.state_dict() if self.critic is not None else None}
 
-    def _load_extra_state(self, state: dict) -> None:
+    def load_extra_state(self, state: dict) -> None:
         if state.get("critic") is not None:
             if self.critic is None:
                 self._make_critic()
@@ -157,7 +211,7 @@ class AgentTrainer(GRPOTrainer):
         c, env = self.config, self.task
         rows = []
         for _ in range(c.sft_batch_size):
-            seed = self.problem_rng.randrange(10**6)
+            seed = train_seed(self.problem_rng)
             episode = env.demonstration(seed, self.problem_rng, error_rate=c.demo_error_rate)
             segments = []
             for obs, action in episode:
@@ -181,7 +235,7 @@ class AgentTrainer(GRPOTrainer):
 
         c = self.config
         if envs is None:
-            envs = [self._make_task() for _ in range(len(seeds) * group_size)]
+            envs = [self.make_task() for _ in range(len(seeds) * group_size)]
         all_seeds = [s for s in seeds for _ in range(group_size)]
         group_ids = torch.arange(len(seeds)).repeat_interleave(group_size)
         return rollout_multiturn(
@@ -197,12 +251,14 @@ class AgentTrainer(GRPOTrainer):
             ref_model=ref_model,
         )
 
+    rollout_is_sharded = True
+
     def rollout(self) -> Batch:
         """``prompts_per_step`` fresh episode seeds, ``num_generations`` episodes each;
         critic values attached. Under torchrun: this rank's share of the seeds (every rank draws
         all of them, as one process would, and plays its contiguous share, whole groups)."""
         c = self.config
-        seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        seeds = [train_seed(self.problem_rng) for _ in range(c.prompts_per_step)]
         seeds = dist.shard(seeds)
         batch = self.play(seeds, group_size=c.num_generations, ref_model=self.ref_model)
         return self._attach_values(batch)
@@ -282,9 +338,9 @@ class AgentTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
-        return evaluate_agent(
-            self, self.eval_problems, samples=self.config.eval_samples, seed=self.config.seed + 1234
-        )
+        c = self.config
+        seed = eval_sampling_seed(c.seed)
+        return evaluate_agent(self, self.eval_problems, samples=c.eval_samples, seed=seed)
 
 
 def _last_generated(loss_mask: torch.Tensor) -> torch.Tensor:
@@ -295,11 +351,11 @@ def _last_generated(loss_mask: torch.Tensor) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate_agent(
-    trainer: AgentTrainer, seeds: list[int], *, samples: int = 4, seed: int = 1234
+    trainer: AgentTrainer, seeds: list[int], *, samples: int = 4, seed: int = EVAL_SAMPLING_OFFSET
 ) -> dict:
     """Greedy and sampled success rate (and format rate, mean turns) on held-out episode seeds."""
     out = {}
-    with _fixed_rng(seed, trainer.device):
+    with fixed_rng(seed, trainer.device):
         for name, greedy, g in (("greedy", True, 1), ("sampled", False, samples)):
             b = trainer.play(seeds, group_size=g, greedy=greedy)
             out[f"{name}_success"] = b.extras["success"].float().mean().item()
@@ -308,7 +364,4 @@ def evaluate_agent(
     return out
 
 
-def run_ppo(config: PPOConfig) -> dict:
-    """The PPO recipe headless (``python -m agentic_rl ppo``):
-    metrics.csv, summary.json in ``output_dir``."""
-    return run_recipe(AgentTrainer(config))
+CONFIG, TRAINER = PPOConfig, AgentTrainer

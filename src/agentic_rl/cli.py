@@ -3,38 +3,39 @@
 Every config field is a flag (``--num-generations 4``, ``--beta 0.04``, ``--epsilon-high none``);
 the help text is the field's documentation (``python -m agentic_rl grpo --help``).
 
-Every check runs before any compute (``agentic_rl.train.preflight``): a bad value, a missing device,
+Every check runs before any compute (``agentic_rl.runs.preflight``): a bad value, a missing device,
 an unwritable folder, a folder another run is using, or a corrupt or mismatched checkpoint ends the
 command with status 2 (a bad flag or config) or 1 (the folder or checkpoint) and one line,
 ``error: <field>: <why> (got X)``, never a traceback. A run that is already complete says so and
 changes nothing on disk.
+
+:data:`RECIPES` is the one registry: a recipe's name and the chapter module that holds its config
+(``CONFIG``) and trainer (``TRAINER``). A new chapter adds one line here.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import importlib
 import json
 import os
+import re
 import sys
 
-from .config import (
-    ConfigError,
-    GCDConfig,
-    GRPOConfig,
-    PPOConfig,
-    RCGRPOConfig,
-    ReToolConfig,
-    RunError,
-    StarPOConfig,
-    config_from_args,
-)
+from .config import _TYPE_WORDS, ConfigError, RunError
 
+__all__ = ["RECIPES", "recipe", "main", "add_dataclass_arguments", "config_from_args"]
+
+#: The recipes: name -> the chapter module exporting ``CONFIG`` (its config class) and
+#: ``TRAINER`` (its trainer class).
 RECIPES = {
-    "gcd": GCDConfig,
-    "grpo": GRPOConfig,
-    "ppo": PPOConfig,
-    "rcgrpo": RCGRPOConfig,
-    "retool": ReToolConfig,
-    "starpo": StarPOConfig,
+    "gcd": "agentic_rl.gcd",
+    "grpo": "agentic_rl.grpo",
+    "ppo": "agentic_rl.agent",
+    "rcgrpo": "agentic_rl.rcgrpo",
+    "retool": "agentic_rl.retool",
+    "starpo": "agentic_rl.starpo",
 }
 USAGE = (
     "usage: python -m agentic_rl {%s} [--profile quick|full] [--seed N] [--output-dir DIR] "
@@ -42,10 +43,105 @@ USAGE = (
 )
 
 
+def recipe(name: str):
+    """The chapter module of recipe ``name`` (its ``CONFIG`` and ``TRAINER``)."""
+    return importlib.import_module(RECIPES[name])
+
+
+# --------------------------------------------------------------------------------------------------
+# A CLI from the dataclass: one flag per field, help from the field's doc.
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"must be true or false (got {text!r})")
+
+
+def _parse_number(kind):
+    def parse(text: str):
+        try:
+            return kind(text)
+        except ValueError:
+            why = f"must be {_TYPE_WORDS[kind]} (got {text!r})"
+            raise argparse.ArgumentTypeError(why) from None
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def _optional(kind):
+    def parse(text: str):
+        return None if text.lower() in ("none", "null") else kind(text)
+
+    parse.__name__ = kind.__name__
+    return parse
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors as one line: ``error: <field>: <why> (got X)`` and exit status 2."""
+
+    def error(self, message: str):
+        m = re.match(r"argument --([\w-]+)(?:/-\w)?: (.*)", message, re.S)
+        if m:
+            message = f"{m.group(1).replace('-', '_')}: {m.group(2)}"
+        self.exit(2, f"error: {' '.join(message.split())}\n")
+
+
+def add_dataclass_arguments(
+    parser: argparse.ArgumentParser, cls, defaults: dict | None = None
+) -> None:
+    """One ``--field-name`` flag per dataclass field, typed, with the field's help text."""
+    defaults = defaults or {}
+    types = cls._field_types()
+    parsers = {bool: _parse_bool, int: _parse_number(int), float: _parse_number(float), str: str}
+    for f in dataclasses.fields(cls):
+        base, optional = types[f.name]
+        kind = _optional(parsers[base]) if optional else parsers[base]
+        default = defaults.get(f.name, f.default)
+        parser.add_argument(
+            "--" + f.name.replace("_", "-"),
+            dest=f.name,
+            type=kind,
+            default=argparse.SUPPRESS,
+            metavar=base.__name__.upper(),
+            help=f"{f.metadata.get('help', '')} [default: {default}]",
+        )
+
+
+def config_from_args(cls, argv: list[str] | None, prog: str):
+    """Parse ``argv`` into ``cls.from_profile(profile, **given flags)``.
+
+    A bad flag or value exits with status 2 and one line, ``error: <field>: <why> (got X)``.
+    """
+    pre = _Parser(add_help=False, prog=prog)
+    pre.add_argument("--profile", default="quick")
+    known, _ = pre.parse_known_args(argv)
+    if known.profile not in cls.PROFILES:
+        choices = sorted(cls.PROFILES)
+        pre.error(f"profile: unknown profile; choose one of {choices} (got {known.profile!r})")
+    parser = _Parser(prog=prog, description=cls.__doc__)
+    add_dataclass_arguments(parser, cls, cls.PROFILES[known.profile])
+    given = vars(parser.parse_args(argv))
+    given.pop("profile", None)
+    try:
+        return cls.from_profile(known.profile, **given)
+    except ValueError as err:
+        parser.error(str(err))
+
+
+# --------------------------------------------------------------------------------------------------
+# python -m agentic_rl
+
+
 def _usage() -> str:
     lines = [USAGE % ", ".join(sorted(RECIPES)), "", "recipes:"]
-    for name, cls in sorted(RECIPES.items()):
-        lines.append(f"  {name:<8}{(cls.__doc__ or '').strip().splitlines()[0]}")
+    for name in sorted(RECIPES):
+        doc = recipe(name).CONFIG.__doc__ or ""
+        lines.append(f"  {name:<8}{doc.strip().splitlines()[0]}")
     lines += ["", "python -m agentic_rl <recipe> --help lists the recipe's flags."]
     return "\n".join(lines)
 
@@ -53,6 +149,31 @@ def _usage() -> str:
 def _error(err: Exception) -> int:
     print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
     return 2 if isinstance(err, ConfigError) else 1
+
+
+def _report(trainer, summary: dict) -> None:
+    """Where the run's files are (stderr), and its summary as JSON (stdout)."""
+    from .runs import OUTPUT_FILES
+
+    config, out = trainer.config, trainer.config.output_dir
+    if trainer.was_complete:
+        print(
+            f"the run in {out} is already complete ({trainer.step} of {config.max_steps} RL "
+            "steps); nothing was changed. Give a larger --max-steps to continue it, or another "
+            "--output-dir.",
+            file=sys.stderr,
+        )
+    if out:
+        files = [os.path.join(out, f) for f in OUTPUT_FILES]
+        verb = "files in" if trainer.was_complete else "wrote to"
+        shown = [f"  {p}" for p in files if os.path.exists(p)]
+        print(f"{verb} {os.path.abspath(out)}:", *shown, sep="\n", file=sys.stderr)
+    else:
+        print("no --output-dir: nothing was written to disk", file=sys.stderr)
+    rounded = {
+        k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items() if k != "config"
+    }
+    print(json.dumps(rounded, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -67,59 +188,22 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         print(_usage())
         return 0 if argv else 2
-    recipe, rest = argv[0], argv[1:]
-    config = config_from_args(RECIPES[recipe], rest, prog=f"python -m agentic_rl {recipe}")
+    name, rest = argv[0], argv[1:]
+    chapter = recipe(name)
+    config = config_from_args(chapter.CONFIG, rest, prog=f"python -m agentic_rl {name}")
     try:
-        from .train import OUTPUT_FILES, preflight
+        from .runs import preflight, run_recipe
 
         preflight(config)  # every check, before any compute
         from .utils import setup  # heavy imports after argument errors are reported
 
         setup(config.seed, threads=1 if config.device in ("auto", "cpu") else None)
-        if recipe == "grpo":
-            from .train import GRPOTrainer as Trainer
-        elif recipe == "ppo":
-            from .agent import AgentTrainer as Trainer
-        elif recipe == "retool":
-            from .retool import ReToolTrainer as Trainer
-        elif recipe == "rcgrpo":
-            from .rcgrpo import RCGRPOTrainer as Trainer
-        elif recipe == "gcd":
-            from .gcd import GCDTrainer as Trainer
-        else:
-            from .starpo import StarPOTrainer as Trainer
-        from .train import run_recipe
-
-        trainer = Trainer(config)
+        trainer = chapter.TRAINER(config)
         try:
             summary = run_recipe(trainer)
         finally:
             trainer.close()
     except RunError as err:
         return _error(err)
-    out = config.output_dir
-    if trainer.was_complete:
-        print(
-            f"the run in {out} is already complete ({trainer.step} of {config.max_steps} RL "
-            "steps); nothing was changed. Give a larger --max-steps to continue it, or another "
-            "--output-dir.",
-            file=sys.stderr,
-        )
-    if out:
-        written = [
-            os.path.join(out, f) for f in OUTPUT_FILES if os.path.exists(os.path.join(out, f))
-        ]
-        verb = "files in" if trainer.was_complete else "wrote to"
-        print(
-            f"{verb} {os.path.abspath(out)}:",
-            *(f"  {p}" for p in written),
-            sep="\n",
-            file=sys.stderr,
-        )
-    else:
-        print("no --output-dir: nothing was written to disk", file=sys.stderr)
-    shown = {
-        k: (round(v, 4) if isinstance(v, float) else v) for k, v in summary.items() if k != "config"
-    }
-    print(json.dumps(shown, indent=2))
+    _report(trainer, summary)
     return 0

@@ -12,7 +12,7 @@ and ``g_r`` its gradient, the averaged gradient
 is the gradient of the loss over all W ranks' rows when each rank weights its loss by ``w_r``:
 1 when the loss is a mean over rows and every rank has as many (the seq-mean aggregations),
 ``W n_r / sum_s n_s`` for a mean over ``n_r`` tokens (token-mean), W for a sum (token-sum). The
-trainer computes ``w_r`` (``GRPOTrainer._rank_share``); this module only moves numbers.
+trainer weights its loss by :func:`rank_share`.
 
 :func:`average_gradients` is the arithmetic of ``torch.nn.parallel.DistributedDataParallel``
 (sum over ranks, divide by W), in one flattened all-reduce instead of DDP's buckets overlapped
@@ -21,12 +21,12 @@ model, the recipes call forward passes on ``trainer.model`` in many places (roll
 evaluation, probes), and a critic is a second model; one explicit all-reduce after ``backward``
 covers them all.
 
-Who does what (``agentic_rl.train``): every rank draws a step's prompts from the same task stream,
-as one process would, and plays its contiguous share; rank r > 0 samples from its own stream
-(seed + r); the gradients are averaged before clipping; the history row is computed from all
-ranks' rows; every rank evaluates the whole held-out set alike; rank 0 holds the run lock and
-writes the output folder, the checkpoint holding every rank's random streams, so that a run
-resumes on as many ranks. The SFT warm start runs whole on every rank.
+Who does what (``agentic_rl.train.Trainer.rl_step``): every rank draws a step's prompts from the
+same task stream, as one process would, and plays its contiguous share; rank r > 0 samples from its
+own stream (seed + r); the gradients are averaged before clipping; the history row is computed from
+all ranks' rows; every rank evaluates the whole held-out set alike; rank 0 holds the run lock and
+writes the output folder, the checkpoint holding every rank's random streams, so that a run resumes
+on as many ranks. The SFT warm start runs whole on every rank.
 
 One process (no ``torchrun``: ``WORLD_SIZE`` unset or 1) is the zero-cost path: every function
 returns its input, or does nothing, without touching ``torch.distributed``.
@@ -47,6 +47,9 @@ from .config import ConfigError
 
 __all__ = [
     "NO_ROWS",
+    "check_data_parallel",
+    "rank_share",
+    "rollout_row",
     "all_gather_object",
     "average_gradients",
     "barrier",
@@ -254,3 +257,96 @@ def barrier() -> None:
     """Wait until every rank gets here."""
     if world_size() > 1:
         tdist.barrier()
+
+
+# ---------------------------------------------------------------------- an RL step's arithmetic
+def rank_share(loss_mask: torch.Tensor | None, agg_mode: str) -> float:
+    """The weight ``w_r`` of this rank's loss (1 in one process), so that the ranks' averaged
+    gradient ``(1/W) sum_r w_r g_r`` is the gradient of the loss over all ranks' rows of the
+    gradient step.
+
+    The loss is a mean over tokens (token-mean: ``w_r = W n_r / N``, with ``n_r`` this rank's
+    generated tokens and ``N`` all ranks'), a mean over rows (the seq-mean modes: the same with
+    the rows that have a token; 1 when every rank has as many), or a sum (token-sum: ``W``).
+    A second loss in the same scalar gets the same weight: a critic's value loss (a token
+    mean) is exact with token-mean, PPO's default; with the other modes, it and GCD's
+    judgement loss are (near) the mean of the ranks' means. ``loss_mask=None``: no rows here
+    (call it anyway: the ranks' counts are summed together).
+    """
+    w = world_size()
+    if w == 1:
+        return 1.0
+    mask = loss_mask if loss_mask is not None else torch.zeros(0, 0)
+    tokens, rows = float(mask.sum()), float((mask.sum(-1) > 0).sum())
+    all_tokens, all_rows = sum_over_ranks([tokens, rows])
+    if agg_mode == "token-sum":
+        return float(w)
+    mine, everyone = (tokens, all_tokens) if agg_mode == "token-mean" else (rows, all_rows)
+    return w * mine / everyone if everyone else 0.0
+
+
+def rollout_row(batch, t_rollout: float) -> dict:
+    """The rollout side of an RL step's history row, over all ranks' rows (gathered) and counts
+    (summed): rewards, accuracy, format, zero-std groups, length, tokens per second."""
+    scores, gid = batch.scores, batch.group_id
+    groups = torch.unique(gid)
+    zero_std = sum(bool((scores[gid == g] == scores[gid == g][0]).all()) for g in groups)
+    zero_std, n_groups, gen_tokens = sum_over_ranks(
+        [zero_std, len(groups), int(batch.loss_mask.sum())]
+    )
+    (t_rollout,) = max_over_ranks([t_rollout])
+    scores = gather_rows(scores)
+    correct, format_ok = gather_rows(batch.correct), gather_rows(batch.format_ok)
+    return {
+        "reward_mean": scores.mean().item(),
+        "reward_std": scores.std().item(),
+        "accuracy": correct.float().mean().item(),
+        "format_rate": format_ok.float().mean().item(),
+        "frac_reward_zero_std": zero_std / n_groups,
+        "completion_length": gen_tokens / len(scores),
+        "tokens_per_s": gen_tokens / max(t_rollout, 1e-9),
+    }
+
+
+def check_data_parallel(config, trainer_cls: type | None = None) -> None:
+    """Under torchrun (W > 1 ranks), refuse with :class:`ConfigError`, before any compute, what
+    does not split across the ranks; nothing to check in one process.
+
+    A step's prompts must divide across the ranks (each rank plays an equal share, each prompt
+    with its whole group), and each rank's share must fill ``num_minibatches``. Not supported
+    yet: ``scale_rewards='batch'`` (the std of the whole batch), StarPO's ``dynamic`` refill
+    (the ranks would refill in different numbers of rounds, and their task streams would part),
+    and a trainer whose ``rollout`` would play the whole step on every rank (the class that
+    defines its ``rollout`` does not say ``rollout_is_sharded = True`` beside it).
+    """
+    w = world_size()
+    if w == 1:
+        return
+    c = config
+    if c.prompts_per_step % w:
+        why = (
+            f"does not divide across {w} ranks (each rank plays an equal share of a step's "
+            f"prompts, each with its whole group); use a multiple of {w}"
+        )
+        raise ConfigError("prompts_per_step", why, c.prompts_per_step)
+    rows = c.prompts_per_step // w * c.num_generations
+    if c.num_minibatches > rows:
+        why = (
+            f"must be <= the rows of each rank's batch (prompts_per_step * num_generations / "
+            f"{w} ranks = {rows}): a minibatch needs at least one rollout"
+        )
+        raise ConfigError("num_minibatches", why, c.num_minibatches)
+    if c.scale_rewards == "batch":
+        why = f"'batch' (the std of the whole batch, spread over {w} ranks) needs one process"
+        raise ConfigError("scale_rewards", why + "; use 'group' or 'none'", c.scale_rewards)
+    if getattr(c, "rollout_filter", None) == "dynamic":
+        why = f"'dynamic' (refill rounds differ between ranks) needs one process, not {w} ranks"
+        raise ConfigError("rollout_filter", why + "; use 'top_k' or 'top_p'", c.rollout_filter)
+    if trainer_cls is not None:
+        owner = next(k for k in trainer_cls.__mro__ if "rollout" in vars(k))
+        if not vars(owner).get("rollout_is_sharded", False):
+            why = (
+                f"{owner.__name__}.rollout draws a step's tasks and plays all of them on every "
+                "rank (it does not shard them yet): this recipe runs in one process only"
+            )
+            raise ConfigError("nproc_per_node", why, w)

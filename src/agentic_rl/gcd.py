@@ -30,18 +30,21 @@ position of the judgement are this book's choices. The paper was withdrawn from 
 from __future__ import annotations
 
 import functools
+import math
 import random
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from . import coupling
+from . import coupling, runs
 from .advantages import group_advantages
 from .agent import AgentTrainer
-from .config import GCDConfig
+from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, _f, defaults
 from .envs import HouseholdEnv
 from .envs.household import RECEPTACLES, counterfactual_goal
 from .rollout import Batch, build_segments_batch, sequence_logprobs
-from .train import _fixed_rng, run_arms, run_recipe
+from .utils import eval_sampling_seed, fixed_rng, probe_seeds
 
 __all__ = [
     "ARMS",
@@ -52,11 +55,99 @@ __all__ = [
     "judgement_loss",
     "lemma_value",
     "measure_coupling",
-    "run_gcd",
-    "run_gcd_arms",
+    "run_arms",
     "simulate_risky_action",
     "softmax_policy_gradient",
+    "GCDConfig",
+    "CONFIG",
+    "TRAINER",
 ]
+
+
+@functools.lru_cache(maxsize=1)
+def _household_words() -> tuple[str, ...]:
+    return tuple(HouseholdEnv().vocabulary())
+
+
+@dataclass
+@defaults(**GROUP_AGENT_DEFAULTS)
+class GCDConfig(AgentFields):
+    """GRPO with GCD: the actor also learns to judge its own actions good or bad."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("household",)
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(GROUP_AGENT_FULL, num_probes=64),
+    }
+    #: Group-relative only (no critic, so no critic flags).
+    advantage_estimator: ClassVar[str] = "grpo"
+
+    # --- defaults that differ from the agent fields'
+    env: str = _f("household", "Environment: 'household' (ALFWorld-style tasks).")
+    sft_steps: int = _f(500, "SFT steps on the mixed-quality teacher's episodes before RL.")
+    sft_learning_rate: float = _f(3e-3, "SFT learning rate.")
+    max_steps: int = _f(30, "RL steps (one rollout batch each).")
+    eval_size: int = _f(64, "Held-out tasks per split (in domain and out of domain).")
+    max_turns: int = _f(8, "Cap on an episode's turns (each task's budget: its plan + slack).")
+    max_action_tokens: int = _f(5, "Tokens of one action: 'take mug from table' and the stop word.")
+    demo_error_rate: float = _f(
+        0.1,
+        "Per turn, the chance that the SFT teacher takes a flawed action (then recovers): the "
+        "flawed actions that RL has to unlearn.",
+    )
+    # --- the environment
+    clean_fraction: float = _f(0.5, "Share of 'put clean O in T' goals (6 actions; 'put': 4).")
+    slack: int = _f(2, "Turns of each task's budget beyond the optimal plan.")
+    hint: bool = _f(
+        False,
+        "Prompt-based correction: the first observation ends with 'hint : avoid ...', naming the "
+        "receptacles that are not the target.",
+    )
+    # --- GCD
+    judge_weight: float = _f(
+        0.1,
+        "lambda: weight of the judgement loss (generative classification of each action as good "
+        "or bad); 0 is plain GRPO on the same task.",
+    )
+    judge_labels: str = _f(
+        "outcome",
+        "Label of each action for the judgement: 'outcome' (the episode's success), 'advantage' "
+        "(the sign of its GRPO advantage; 0: no label) or 'oracle' (the environment's own "
+        "flawed-action flag, which the paper does not have). The paper's rule is unknown.",
+    )
+    good_token: str = _f("<|good|>", "The special token of the judgement 'good'.")
+    bad_token: str = _f("<|bad|>", "The special token of the judgement 'bad'.")
+    coupling_every: int = _f(
+        10, "Measure gradient coupling on the probe pairs every this many RL steps (0: off)."
+    )
+    num_probes: int = _f(16, "Probe pairs (one action, good in one state, flawed in another).")
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 <= self.clean_fraction <= 1.0:
+            self._bad("clean_fraction", "must be in [0, 1]")
+        if self.slack < 0:
+            self._bad("slack", "must be >= 0")
+        if self.max_turns < 6 + self.slack:
+            self._bad("max_turns", "must be >= 6 + slack (a 'put clean' task's plan is 6 actions)")
+        if self.max_action_tokens < 5:
+            self._bad("max_action_tokens", "must be >= 5 (four words and the stop word)")
+        if not (self.judge_weight >= 0 and math.isfinite(self.judge_weight)):
+            self._bad("judge_weight", "must be >= 0 and finite")
+        if self.judge_labels not in ("outcome", "advantage", "oracle"):
+            self._bad("judge_labels", "must be 'outcome', 'advantage' or 'oracle'")
+        if self.coupling_every < 0:
+            self._bad("coupling_every", "must be >= 0 (0: off)")
+        if self.num_probes < 1:
+            self._bad("num_probes", "must be >= 1")
+        self._check_new_tokens(("good_token", "bad_token"), _household_words())
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
+
+    def min_sequence_tokens(self) -> int:
+        # the first observation (at most 37 words with the hint) and one action
+        return 38 + self.max_action_tokens
+
 
 #: The lab's arms: plain GRPO and GRPO + GCD at two weights, from the same SFT start.
 ARMS: dict[str, dict] = {
@@ -262,7 +353,7 @@ class GCDTrainer(AgentTrainer):
     def judge_ids(self) -> tuple[int, int]:
         return tuple(self.tokenizer.convert_tokens_to_ids(t) for t in self.added_tokens)
 
-    def _make_task(self, split: str = "train"):
+    def make_task(self, split: str = "train"):
         c = self.config
         return HouseholdEnv(
             split=split,
@@ -275,10 +366,10 @@ class GCDTrainer(AgentTrainer):
     @functools.cached_property
     def probes(self) -> dict[str, tuple[Batch, Batch]]:
         """Fixed probe pairs of each split (seeds apart from training and evaluation)."""
-        seeds = [3 * 10**6 + i for i in range(self.config.num_probes)]
+        seeds = probe_seeds(self.config.num_probes)
         return {
             split: coupling_probes(
-                self.tokenizer, seeds, env=self._make_task(split), device=self.device
+                self.tokenizer, seeds, env=self.make_task(split), device=self.device
             )
             for split in ("train", "ood")
         }
@@ -292,7 +383,7 @@ class GCDTrainer(AgentTrainer):
     def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, split="train"):
         """Episodes as :meth:`AgentTrainer.play` on the ``split``'s tasks; ``extras["kinds"]``
         holds each episode's action labels (good, flawed, invalid, malformed)."""
-        envs = [self._make_task(split) for _ in range(len(seeds) * group_size)]
+        envs = [self.make_task(split) for _ in range(len(seeds) * group_size)]
         batch = super().play(
             seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=envs
         )
@@ -341,7 +432,7 @@ class GCDTrainer(AgentTrainer):
         (``id_``: in-domain pairs; ``ood_``: the held-out pairs), and the coupling measurements on
         each split's probes."""
         c, seeds, out = self.config, self.eval_problems, {}
-        with _fixed_rng(c.seed + 1234, self.device):
+        with fixed_rng(eval_sampling_seed(c.seed), self.device):
             for split, name in (("train", "id"), ("ood", "ood")):
                 for mode, greedy, g in (("greedy", True, 1), ("sampled", False, c.eval_samples)):
                     b = self.play(seeds, group_size=g, greedy=greedy, split=split)
@@ -356,11 +447,9 @@ class GCDTrainer(AgentTrainer):
         return out
 
 
-def run_gcd_arms(config: GCDConfig, arms: dict[str, dict] = ARMS) -> dict[str, GCDTrainer]:
-    """The lab's arms from one shared SFT start (:func:`agentic_rl.train.run_arms`)."""
-    return run_arms(GCDTrainer, config, arms)
+def run_arms(config: GCDConfig, arms: dict[str, dict] = ARMS) -> dict[str, GCDTrainer]:
+    """The lab's arms from one shared SFT start (:func:`agentic_rl.runs.run_arms`)."""
+    return runs.run_arms(GCDTrainer, config, arms)
 
 
-def run_gcd(config: GCDConfig) -> dict:
-    """The GCD recipe headless (``python -m agentic_rl gcd``): one arm, resumable."""
-    return run_recipe(GCDTrainer(config))
+CONFIG, TRAINER = GCDConfig, GCDTrainer

@@ -14,16 +14,9 @@ from collections.abc import Iterable
 from contextlib import contextmanager
 
 import torch
-from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
-from tokenizers.models import WordLevel
-from transformers import (
-    AutoModelForCausalLM,
-    AutoTokenizer,
-    GenerationConfig,
-    LlamaConfig,
-    LlamaForCausalLM,
-    PreTrainedTokenizerFast,
-)
+
+# transformers and tokenizers are imported where they are used: importing a chapter module (its
+# config, for the CLI's --help) then costs no transformers import (~2 s)
 
 __all__ = [
     "SPECIAL_TOKENS",
@@ -40,6 +33,9 @@ __all__ = [
     "AdaptersOff",
     "get_device",
     "count_parameters",
+    "build_policy",
+    "device_problem",
+    "model_source_problem",
 ]
 
 PAD, UNK, BOS, EOS = "<pad>", "<unk>", "<bos>", "<eos>"
@@ -70,6 +66,10 @@ def build_tokenizer(
                 f"vocabulary words must be non-empty and contain no whitespace, got {w!r}"
             )
     vocab = {tok: i for i, tok in enumerate(specials + vocab_words)}
+    from tokenizers import Tokenizer, decoders, pre_tokenizers, processors
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
     core = Tokenizer(WordLevel(vocab=vocab, unk_token=UNK))
     core.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     core.decoder = decoders.WordPiece(prefix="##")  # joins tokens with single spaces
@@ -108,6 +108,8 @@ def build_model(
     """
     if seed is not None:
         torch.manual_seed(seed)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
     config = LlamaConfig(
         vocab_size=len(tokenizer),
         hidden_size=hidden_size,
@@ -127,6 +129,8 @@ def build_model(
 
 
 def default_generation_config(tokenizer) -> GenerationConfig:
+    from transformers import GenerationConfig
+
     return GenerationConfig(
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -309,6 +313,8 @@ def load_pretrained(
         )
     where = {"gguf_file": gguf_file} if gguf_file else {}
     with _quiet_progress_bars():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
         tokenizer = AutoTokenizer.from_pretrained(folder, padding_side="left", **where)
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype or torch.float32, attn_implementation="sdpa", **where
@@ -355,3 +361,96 @@ def count_parameters(model: torch.nn.Module, *, trainable_only: bool = False) ->
         seen.add(id(p))
         total += p.numel()
     return total
+
+
+def build_policy(config, task, device: torch.device, *, base=None, chat=False, added=()):
+    """The policy a trainer starts from, as ``config`` asks: a loaded pretrained ``base`` (a
+    ``(model, tokenizer)`` shared by several runs), ``model_name_or_path``, or a tiny model on the
+    task's vocabulary; then the tokens a recipe ``added`` and LoRA adapters.
+    Returns ``(model, tokenizer)``; a model that cannot serve raises :class:`ConfigError`."""
+    from .config import ConfigError
+
+    c = config
+    if base is not None:
+        model, tokenizer = base
+    elif c.model_name_or_path:
+        try:
+            dtype = base_dtype(device, lora=c.use_lora)
+            model, tokenizer = load_pretrained(c.model_name_or_path, dtype=dtype)
+        except (OSError, ValueError, ImportError) as err:  # not found, offline, not a model
+            why = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            name = c.model_name_or_path
+            raise ConfigError("model_name_or_path", f"cannot be loaded: {why}", name) from None
+    else:
+        tokenizer = build_tokenizer(task.vocabulary())
+        model = build_model(
+            tokenizer,
+            hidden_size=c.hidden_size,
+            num_hidden_layers=c.num_hidden_layers,
+            num_attention_heads=c.num_attention_heads,
+            num_key_value_heads=c.num_key_value_heads,
+            intermediate_size=c.intermediate_size,
+            seed=c.seed,
+        )
+    if chat and not tokenizer.chat_template:
+        why = (
+            f"has no chat template, and the {task.name} task's prompts are chat turns: "
+            "use an instruct (chat) model, or a folder whose tokenizer has one"
+        )
+        raise ConfigError("model_name_or_path", why, c.model_name_or_path)
+    # tokens a recipe adds to the vocabulary (RC-GRPO's reward tokens), before the adapters
+    new_ids = add_special_tokens(model, tokenizer, added) if added else []
+    if c.use_lora:
+        targets = c.lora_target_modules.split(",")
+        try:
+            check_lora_targets(model, targets)
+        except ValueError as err:
+            raise ConfigError("lora_target_modules", str(err), c.lora_target_modules) from None
+        model = add_lora(
+            model,
+            r=c.lora_r,
+            lora_alpha=c.lora_alpha,
+            target_modules=targets,
+            trainable_token_ids=new_ids or None,
+        )
+    return model, tokenizer
+
+
+def device_problem(device: str) -> str | None:
+    """Why the config's ``device`` cannot be used on this machine, or ``None``."""
+    if device.startswith("cuda"):
+        if not torch.cuda.is_available():
+            return "CUDA is not available on this machine; use 'auto' or 'cpu'"
+        index = int(device.split(":")[1]) if ":" in device else 0
+        if index >= torch.cuda.device_count():
+            return f"this machine has {torch.cuda.device_count()} CUDA device(s)"
+    mps = getattr(torch.backends, "mps", None)
+    if device == "mps" and not (mps is not None and mps.is_available()):
+        return "MPS (Apple GPU) is not available here; use 'auto' or 'cpu'"
+    return None
+
+
+def model_source_problem(name: str) -> str | None:
+    """Why ``model_name_or_path`` cannot be loaded from here (a packaged model not installed, a
+    missing folder, a hub name while offline), or ``None``."""
+    if name in PACKAGED_MODELS:
+        try:
+            name, _ = resolve_model(name)  # its installed folder
+        except FileNotFoundError as err:
+            return str(err)
+    if os.path.isdir(name):
+        return None
+    if os.path.exists(name):
+        return "is a file; give a model folder or a hub name"
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return "no such folder"
+    offline = any(
+        os.environ.get(k, "").lower() in ("1", "true", "yes", "on")
+        for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+    )
+    if offline:
+        return (
+            "is not a local folder and HF_HUB_OFFLINE=1, so it cannot be downloaded; save the "
+            "model to a folder and pass the folder"
+        )
+    return None

@@ -26,29 +26,120 @@ from __future__ import annotations
 
 import functools
 import random
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
+from . import distributed as dist
+from . import runs
 from .advantages import group_advantages
 from .agent import AgentTrainer
-from .config import ConfigError, RCGRPOConfig
+from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, ConfigError, _f, defaults
 from .envs import FileSystemEnv
-from . import distributed as dist
 from .rollout import build_segments_batch
-from .train import _fixed_rng, run_recipe
-from .train import run_arms as train_arms
+from .utils import CONDITION_DRAW_OFFSET, eval_sampling_seed, fixed_rng, train_seed
 
 __all__ = [
     "ARMS",
+    "RCGRPOConfig",
     "RCGRPOTrainer",
     "RewardConditionedEnv",
     "draw_conditions",
     "run_arms",
-    "run_rcgrpo",
     "simulate_group_variance",
     "variance_lower_bound",
     "zero_std_fraction",
+    "CONFIG",
+    "TRAINER",
 ]
+
+
+@functools.lru_cache(maxsize=1)
+def _filesystem_words() -> tuple[str, ...]:
+    return tuple(FileSystemEnv().vocabulary())
+
+
+@dataclass
+@defaults(**GROUP_AGENT_DEFAULTS)
+class RCGRPOConfig(AgentFields):
+    """RC-GRPO: reward-conditioned rollouts (RCTP, then GRPO with a reward token per rollout)."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("filesystem",)
+    PROFILES: ClassVar[dict[str, dict]] = {"quick": {}, "full": GROUP_AGENT_FULL}
+    #: Group-relative only (no critic, so no critic flags).
+    advantage_estimator: ClassVar[str] = "grpo"
+
+    # --- defaults that differ from the agent fields'
+    env: str = _f("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
+    sft_steps: int = _f(400, "Warm-start steps (SFT or RCTP, see warm_start) before RL.")
+    sft_learning_rate: float = _f(
+        3e-3, "Warm-start learning rate (the copying of names is learned at about 300 steps)."
+    )
+    max_steps: int = _f(50, "RL steps (one rollout batch each).")
+    max_turns: int = _f(5, "Calls per episode, 'done' included (the hard tasks need 4).")
+    max_action_tokens: int = _f(4, "Tokens of one call: the name, two arguments, the stop word.")
+    demo_error_rate: float = _f(
+        0.5,
+        "Fraction of warm-start trajectories that are corrupted (a wrong argument, a skipped, "
+        "swapped or extra call): 0.5 gives RCTP its 1:1 mix. SFT keeps only the successful ones.",
+    )
+    # --- the environment
+    hard_fraction: float = _f(
+        0.5, "Fraction of tasks from the hard family (a folder first, 2-3 calls)."
+    )
+    demo_hard_fraction: float | None = _f(
+        0.05,
+        "Fraction of hard tasks among the warm-start trajectories (None: hard_fraction). "
+        "Small values leave the hard family mostly unlearned after the warm start.",
+    )
+    # --- reward conditioning
+    warm_start: str = _f(
+        "rctp",
+        "'sft': imitate the successful warm-start trajectories, no reward token; 'rctp': "
+        "imitate all of them, each with its reward token in the prompt (RCTP).",
+    )
+    conditioning: str = _f(
+        "mixed",
+        "Reward token of the RL rollouts: 'mixed' (RC-GRPO: drawn per rollout), 'high' (always "
+        "high_token: GRPO on a reward-conditioned policy) or 'none' (plain GRPO).",
+    )
+    token_assignment: str = _f(
+        "bernoulli",
+        "How 'mixed' draws the tokens of a group: 'bernoulli' (each rollout high with "
+        "probability p_high) or 'split' (round(p_high * G) high per group). The paper's choice "
+        "is unknown.",
+    )
+    p_high: float = _f(0.5, "Probability (or share) of high_token in a group, in (0, 1).")
+    high_token: str = _f("<|high_reward|>", "The special token that asks for a successful episode.")
+    low_token: str = _f("<|low_reward|>", "The special token that asks for a failed episode.")
+
+    def validate(self) -> None:
+        super().validate()
+        if self.warm_start not in ("sft", "rctp"):
+            self._bad("warm_start", "must be 'sft' or 'rctp'")
+        if self.conditioning not in ("none", "high", "mixed"):
+            self._bad("conditioning", "must be 'none', 'high' or 'mixed'")
+        if self.token_assignment not in ("bernoulli", "split"):
+            self._bad("token_assignment", "must be 'bernoulli' or 'split'")
+        if not 0.0 < self.p_high < 1.0:
+            self._bad("p_high", "must be in (0, 1): a group needs both tokens to have any spread")
+        for name in ("hard_fraction", "demo_hard_fraction"):
+            value = getattr(self, name)
+            if value is not None and not 0.0 <= value <= 1.0:
+                self._bad(name, "must be in [0, 1]")
+        if self.max_turns < 4:
+            self._bad("max_turns", "must be >= 4 (the hard tasks take 3 calls and 'done')")
+        if self.max_action_tokens < 4:
+            self._bad("max_action_tokens", "must be >= 4 (a name, two arguments, the stop word)")
+        self._check_new_tokens(("high_token", "low_token"), _filesystem_words())
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
+
+    def min_sequence_tokens(self) -> int:
+        # the reward token, the task's first observation (at most 14 words) and one call
+        return 1 + 14 + self.max_action_tokens
+
 
 #: The lab's four arms: which warm start, and which tokens the RL rollouts get.
 ARMS: dict[str, dict] = {
@@ -176,7 +267,7 @@ class RCGRPOTrainer(AgentTrainer):
         c = self.config
         return c.warm_start == "rctp" or c.conditioning != "none"
 
-    def _make_task(self):
+    def make_task(self):
         c = self.config
         return FileSystemEnv(hard_fraction=c.hard_fraction, max_turns=c.max_turns)
 
@@ -195,7 +286,7 @@ class RCGRPOTrainer(AgentTrainer):
         c, rows = self.config, []
         env = self.demo_env
         while len(rows) < c.sft_batch_size:
-            seed = self.problem_rng.randrange(10**6)
+            seed = train_seed(self.problem_rng)
             pairs = env.demonstration(seed, self.problem_rng, error_rate=c.demo_error_rate)
             if c.warm_start == "sft":
                 if not env.success:
@@ -218,7 +309,7 @@ class RCGRPOTrainer(AgentTrainer):
         c, n = self.config, len(seeds) * group_size
         if tokens is None:
             tokens = [c.high_token if self.uses_tokens else None] * n
-        envs = [RewardConditionedEnv(self._make_task(), t) for t in tokens]
+        envs = [RewardConditionedEnv(self.make_task(), t) for t in tokens]
         batch = super().play(
             seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=envs
         )
@@ -229,11 +320,13 @@ class RCGRPOTrainer(AgentTrainer):
         )
         return batch
 
+    rollout_is_sharded = True
+
     def rollout(self):
         """``prompts_per_step`` tasks x ``num_generations`` episodes; the tokens by
         ``conditioning`` (RC-GRPO: :func:`draw_conditions` from the checkpointed task stream)."""
         c = self.config
-        seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        seeds = [train_seed(self.problem_rng) for _ in range(c.prompts_per_step)]
         tokens = self._draw_tokens(len(seeds), self.problem_rng)
         # under torchrun: this rank's share of the tasks, each with its group's tokens
         seeds, tokens = dist.shard(seeds), dist.shard(tokens)
@@ -247,7 +340,7 @@ class RCGRPOTrainer(AgentTrainer):
         c, n = self.config, num_groups * self.config.num_generations
         if c.conditioning != "mixed":
             return [c.high_token if c.conditioning == "high" else None] * n
-        rng = rng or random.Random(c.seed + 4321)
+        rng = rng or random.Random(c.seed + CONDITION_DRAW_OFFSET)
         high = draw_conditions(num_groups, c.num_generations, c.p_high, c.token_assignment, rng)
         return [c.high_token if h else c.low_token for h in high]
 
@@ -279,7 +372,7 @@ class RCGRPOTrainer(AgentTrainer):
         runs = [("greedy", True, 1, None), ("sampled", False, c.eval_samples, None)]
         if self.uses_tokens:
             runs.append(("low", False, c.eval_samples, c.low_token))
-        with _fixed_rng(c.seed + 1234, self.device):
+        with fixed_rng(eval_sampling_seed(c.seed), self.device):
             for name, greedy, g, token in runs:
                 tokens = None if token is None else [token] * (len(seeds) * g)
                 b = self.play(seeds, group_size=g, greedy=greedy, tokens=tokens)
@@ -303,12 +396,10 @@ class RCGRPOTrainer(AgentTrainer):
 
 
 def run_arms(config: RCGRPOConfig, arms: dict[str, dict] = ARMS) -> dict[str, RCGRPOTrainer]:
-    """Train the arms of the lab from shared warm starts (:func:`agentic_rl.train.run_arms`): one
+    """Train the arms of the lab from shared warm starts (:func:`agentic_rl.runs.run_arms`): one
     SFT and one RCTP policy, each trained once with ``config``, then every arm's RL from a copy
     of its warm start. Returns the trained trainers by arm name."""
-    return train_arms(RCGRPOTrainer, config, arms, start_fields=("warm_start",))
+    return runs.run_arms(RCGRPOTrainer, config, arms, start_fields=("warm_start",))
 
 
-def run_rcgrpo(config: RCGRPOConfig) -> dict:
-    """The RC-GRPO recipe headless (``python -m agentic_rl rcgrpo``): one arm, resumable."""
-    return run_recipe(RCGRPOTrainer(config))
+CONFIG, TRAINER = RCGRPOConfig, RCGRPOTrainer

@@ -19,25 +19,152 @@ Everything else (SFT, GRPO or PPO+GAE, checkpoints, the CLI) is the agent traine
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 import torch
 
 from . import distributed as dist
 from . import sandbox
 from .agent import AgentTrainer
-from .config import ReToolConfig
+from .config import FULL_MODEL, AgentFields, CriticFields, _f, defaults
 from .envs import make_env
 from .losses import policy_loss
 from .rollout import Batch, build_segments_batch, sequence_logprobs
-from .train import _fixed_rng, run_recipe
+from .utils import EVAL_SAMPLING_OFFSET, eval_sampling_seed, fixed_rng, train_seed
 
 __all__ = [
+    "ReToolConfig",
     "ReToolTrainer",
     "interpreter_tokens",
     "unmask_interpreter",
     "gradient_share",
     "resample_on_correct",
-    "run_retool",
+    "CONFIG",
+    "TRAINER",
 ]
+
+
+@dataclass
+@defaults(
+    env="multiply",
+    prompts_per_step=16,
+    sft_steps=400,
+    max_steps=40,
+    eval_size=128,
+    loss_type="token-mean",
+    sft_batch_size=32,
+)
+class ReToolConfig(AgentFields, CriticFields):
+    """ReTool: code runs inside the rollout; the interpreter's output is masked out of the loss."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("multiply",)
+
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(
+            FULL_MODEL,
+            num_hidden_layers=4,
+            digits_a=4,
+            digits_b=3,
+            max_action_tokens=14,
+            max_output_tokens=10,
+            sft_steps=1500,
+            sft_batch_size=64,
+            max_steps=300,
+            prompts_per_step=64,
+            eval_size=512,
+        ),
+    }
+
+    # --- defaults that differ from the agent fields' (quick profile: ~1 minute per run)
+    advantage_estimator: str = _f(
+        "grpo",
+        "'grpo' (group-relative, as the verl ReTool recipe) or 'gae' (PPO with a critic, as the "
+        "ReTool paper).",
+    )
+    num_generations: int = _f(8, "Episodes per problem (the GRPO group).")
+    num_minibatches: int = _f(
+        2,
+        "Minibatches per pass over the rollout batch (from the second, the ratio departs from 1).",
+    )
+    max_turns: int = _f(
+        3,
+        "Segments of policy text per episode; a tool call ends a segment, so the tool budget "
+        "is max_turns - 1 calls.",
+    )
+    max_action_tokens: int = _f(10, "Maximum tokens of one segment of policy text.")
+    demo_error_rate: float = _f(
+        0.15,
+        "Fraction of the cold-start tool traces whose code miscopies a digit (a consistent but "
+        "wrong trace).",
+    )
+    demo_retry_rate: float = _f(
+        0.0,
+        "Fraction of the cold-start tool traces whose first snippet is a syntax error, followed "
+        "by a correct retry (correct traces with a tool error: the GRPO-RoC demonstration).",
+    )
+    # --- the task and the tool
+    digits_a: int = _f(3, "Digits of the first factor.")
+    digits_b: int = _f(2, "Digits of the second factor.")
+    sft_tool_fraction: float = _f(
+        0.5, "Fraction of cold-start traces that use the tool (the rest answer directly)."
+    )
+    mask_interpreter: bool = _f(
+        True,
+        "Interpreter feedback mask: no loss on interpreter tokens (ReTool). False is the "
+        "ablation: they are trained as if the policy had written them.",
+    )
+    max_output_tokens: int = _f(8, "Interpreter output longer than this is cut and marked '...'.")
+    tool_error_rate: float = _f(
+        0.0, "Probability that a tool call fails without running (the GRPO-RoC demonstration)."
+    )
+    tool_timeout_s: float = _f(1.0, "Sandbox: wall-clock limit per snippet, in seconds.")
+    tool_memory_mb: int = _f(256, "Sandbox: address-space limit per snippet, in MiB.")
+    tool_workers: int = _f(2, "Sandbox pool: snippets run concurrently.")
+    resample_on_correct: bool = _f(
+        False,
+        "GRPO-RoC: sample 2 * num_generations episodes per problem, keep num_generations "
+        "(positives with the fewest tool errors, negatives at random).",
+    )
+    grad_share_every: int = _f(
+        5,
+        "Every this many RL steps, measure the share of the gradient norm that comes from "
+        "interpreter tokens (0: never; costs two extra backward passes).",
+    )
+
+    def validate(self) -> None:
+        super().validate()
+        for name in ("digits_a", "digits_b"):
+            if not 1 <= getattr(self, name) <= 6:
+                self._bad(name, "must be between 1 and 6")
+        for name in ("sft_tool_fraction", "tool_error_rate", "demo_retry_rate"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                self._bad(name, "must be in [0, 1]")
+        if self.max_turns < 2:
+            self._bad("max_turns", "must be >= 2 (one tool call and an answer)")
+        if not self.tool_timeout_s > 0:
+            self._bad("tool_timeout_s", "must be positive")
+        self._at_least(("max_output_tokens", "tool_workers"), 1)
+        self._at_least(("tool_memory_mb",), 32)
+        self._at_least(("grad_share_every",), 0)
+        if self.resample_on_correct and self.advantage_estimator != "grpo":
+            self._bad("resample_on_correct", "is a GRPO method: use advantage_estimator 'grpo'")
+        # the answer segment: <answer>, the product's digits, </answer>, EOS
+        need = self.digits_a + self.digits_b + 3
+        if self.max_action_tokens < need:
+            self._bad("max_action_tokens", f"must be >= {need} to write the answer")
+        # prompt, every segment, and an interpreter block (with its "...") after each tool call
+        tokens = self.digits_a + self.digits_b + 3 + self.max_turns * self.max_action_tokens
+        self._check_positions(
+            "max_turns", tokens + (self.max_turns - 1) * (self.max_output_tokens + 3)
+        )
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
+
+    def min_sequence_tokens(self) -> int:
+        # the prompt and one answer segment
+        return self.digits_a + self.digits_b + 3 + self.max_action_tokens
 
 
 def interpreter_tokens(batch: Batch) -> torch.Tensor:
@@ -162,7 +289,7 @@ class ReToolTrainer(AgentTrainer):
             self._pool.close()
             self._pool = None
 
-    def _make_task(self, *, tool_enabled: bool = True, pool: sandbox.Pool | None = None):
+    def make_task(self, *, tool_enabled: bool = True, pool: sandbox.Pool | None = None):
         c = self.config
         return make_env(
             c.env,
@@ -183,16 +310,6 @@ class ReToolTrainer(AgentTrainer):
             c.max_turns * c.max_action_tokens + (c.max_turns - 1) * (c.max_output_tokens + 3)
         )
 
-    @property
-    def extra_metrics(self) -> tuple[str, ...]:
-        return super().extra_metrics + (
-            "code_ratio",
-            "tool_calls",
-            "tool_errors",
-            "error_rate_in_positives",
-            "grad_share",
-        )
-
     # ------------------------------------------------------------------ cold start
     def sft_batch(self) -> Batch:
         """Synthetic traces (half with the tool by default); interpreter output not trainable."""
@@ -200,7 +317,7 @@ class ReToolTrainer(AgentTrainer):
         eos = self.tokenizer.eos_token
         rows = []
         for _ in range(c.sft_batch_size):
-            seed = self.problem_rng.randrange(10**6)
+            seed = train_seed(self.problem_rng)
             segments = env.demonstration(
                 seed,
                 self.problem_rng,
@@ -232,7 +349,7 @@ class ReToolTrainer(AgentTrainer):
         c = self.config
         pool = self.pool
         n = len(seeds) * group_size
-        envs = [self._make_task(tool_enabled=tool_enabled, pool=pool) for _ in range(n)]
+        envs = [self.make_task(tool_enabled=tool_enabled, pool=pool) for _ in range(n)]
         batch = rollout_multiturn(
             self.model,
             self.tokenizer,
@@ -258,9 +375,11 @@ class ReToolTrainer(AgentTrainer):
         )
         return batch
 
+    rollout_is_sharded = True
+
     def rollout(self) -> Batch:
         c = self.config
-        seeds = [self.problem_rng.randrange(10**6) for _ in range(c.prompts_per_step)]
+        seeds = [train_seed(self.problem_rng) for _ in range(c.prompts_per_step)]
         seeds = dist.shard(seeds)  # under torchrun: this rank's share, each with its whole group
         factor = 2 if c.resample_on_correct else 1
         batch = self.play(seeds, group_size=factor * c.num_generations, ref_model=self.ref_model)
@@ -274,32 +393,31 @@ class ReToolTrainer(AgentTrainer):
             batch = batch.select(keep.to(batch.input_ids.device))
         if not c.mask_interpreter:
             unmask_interpreter(batch, self.model, temperature=c.temperature)
-        return self._attach_values(batch)
+        batch = self._attach_values(batch)
+        if c.grad_share_every and self.step % c.grad_share_every == 0:
+            # measured on the policy that sampled, before the update: the share of *this*
+            # step's gradient that interpreter tokens carry (two extra backward passes)
+            advantages = self.compute_advantages(batch)
+            batch.extras["grad_share"] = gradient_share(self, batch, advantages)
+        return batch
 
-    def compute_advantages(self, batch: Batch) -> torch.Tensor:
-        advantages = super().compute_advantages(batch)
-        c = self.config
-        due = c.grad_share_every and (self.step % c.grad_share_every == 0)
-        # whole-batch facts for the history row (compute_loss may see only a minibatch)
-        self._rollout_facts = dict(
-            code_ratio=(batch.extras["tool_calls"] > 0).float().mean().item(),
-            tool_calls=batch.extras["tool_calls"].float().mean().item(),
-            tool_errors=batch.extras["tool_errors"].float().mean().item(),
-            grad_share=gradient_share(self, batch, advantages) if due else float("nan"),
-            error_rate_in_positives=batch.extras["policy_error_rate"],
+    def rollout_metrics(self, batch: Batch, keep: torch.Tensor | None) -> dict:
+        """Tool use over the whole rollout batch, and the interpreter tokens' share of the
+        gradient (NaN on the steps it is not measured; see :meth:`rollout`)."""
+        x = batch.extras
+        return dict(
+            code_ratio=(x["tool_calls"] > 0).float().mean().item(),
+            tool_calls=x["tool_calls"].float().mean().item(),
+            tool_errors=x["tool_errors"].float().mean().item(),
+            error_rate_in_positives=x["policy_error_rate"],
+            grad_share=x.get("grad_share", float("nan")),
         )
-        return advantages
-
-    def compute_loss(self, batch: Batch, advantages: torch.Tensor) -> tuple[torch.Tensor, dict]:
-        loss, metrics = super().compute_loss(batch, advantages)
-        metrics.update(self._rollout_facts)
-        return loss, metrics
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
-        return evaluate_retool(
-            self, self.eval_problems, samples=self.config.eval_samples, seed=self.config.seed + 1234
-        )
+        c = self.config
+        seed = eval_sampling_seed(c.seed)
+        return evaluate_retool(self, self.eval_problems, samples=c.eval_samples, seed=seed)
 
 
 def _error_rate_in_positives(batch: Batch) -> float:
@@ -310,7 +428,9 @@ def _error_rate_in_positives(batch: Batch) -> float:
 
 
 @torch.no_grad()
-def evaluate_retool(trainer: ReToolTrainer, seeds: list[int], *, samples: int = 4, seed=1234):
+def evaluate_retool(
+    trainer: ReToolTrainer, seeds: list[int], *, samples: int = 4, seed: int = EVAL_SAMPLING_OFFSET
+):
     """Held-out problems, tool on and tool off.
 
     Tool on, greedy and sampled: ``accuracy``, ``code_ratio`` (episodes that call the tool),
@@ -322,7 +442,7 @@ def evaluate_retool(trainer: ReToolTrainer, seeds: list[int], *, samples: int = 
     sampled episodes (how well it has learned to *predict* the tool).
     """
     out, c = {}, trainer.config
-    with _fixed_rng(seed, trainer.device):
+    with fixed_rng(seed, trainer.device):
         runs = (("greedy", True, 1, True), ("sampled", False, samples, True))
         for name, greedy, g, tool in runs + (("tool_off", False, samples, False),):
             b = trainer.play(seeds, group_size=g, greedy=greedy, tool_enabled=tool)
@@ -348,10 +468,4 @@ def evaluate_retool(trainer: ReToolTrainer, seeds: list[int], *, samples: int = 
     return out
 
 
-def run_retool(config: ReToolConfig) -> dict:
-    """The ReTool recipe headless (``python -m agentic_rl retool``)."""
-    trainer = ReToolTrainer(config)
-    try:
-        return run_recipe(trainer)
-    finally:
-        trainer.close()
+CONFIG, TRAINER = ReToolConfig, ReToolTrainer

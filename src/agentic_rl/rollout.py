@@ -339,6 +339,52 @@ def _completion_mask(
     return mask, truncated
 
 
+def _sample(
+    model, tokenizer, texts, device, *, num_generations, max_completion_length, temperature,
+    greedy, chat, share_prompt_prefix,
+) -> tuple[dict, torch.Tensor]:
+    """The prompts, encoded once per row (``G`` rows each), and the sampled sequences (prompt
+    columns first): ``generate``, or each prompt encoded once with ``share_prompt_prefix``."""
+    gen_kwargs = dict(
+        max_new_tokens=max_completion_length,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    if share_prompt_prefix:  # the fast path: each prompt encoded once
+        enc = encode_prompts(tokenizer, texts, device, add_special_tokens=not chat)
+        sequences = sample_shared_prefix(
+            model, enc, num_generations=num_generations, temperature=temperature, greedy=greedy,
+            **gen_kwargs,
+        )  # fmt: skip
+        enc = {k: v.repeat_interleave(num_generations, dim=0) for k, v in enc.items()}
+        return enc, sequences
+    prompts = [t for t in texts for _ in range(num_generations)]
+    enc = encode_prompts(tokenizer, prompts, device, add_special_tokens=not chat)
+    if greedy:
+        gen_kwargs.update(do_sample=False)
+    else:
+        gen_kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    return enc, model.generate(**enc, **gen_kwargs)
+
+
+def _score(task, tokenizer, problems, completion_ids, completion_mask, truncated, group_size):
+    """Each completion's text and the task's score of it (``problems[i // group_size]``)."""
+    # Score the text of the generated tokens before EOS, special tokens included: a completion that
+    # sampled "<pad>" or "<bos>" in the middle of its answer is malformed, not silently cleaned up.
+    content_mask = completion_mask.clone()
+    ended = ~truncated
+    content_mask[ended.nonzero().squeeze(1), completion_mask[ended].sum(1) - 1] = 0
+    texts = [
+        tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=False)
+        for row, m in zip(completion_ids, content_mask)
+    ]
+    scores = [
+        task.score(problems[i // group_size], texts[i], truncated=bool(truncated[i]))
+        for i in range(len(texts))
+    ]
+    return texts, scores
+
+
 @torch.no_grad()
 def generate_batch(
     model,
@@ -371,26 +417,11 @@ def generate_batch(
     was_training = model.training
     model.eval()
     texts = [chat_prompt(tokenizer, p.prompt) if chat else p.prompt for p in problems]
-    gen_kwargs = dict(
-        max_new_tokens=max_completion_length,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    if share_prompt_prefix:  # the fast path: each prompt encoded once
-        enc = encode_prompts(tokenizer, texts, device, add_special_tokens=not chat)
-        sequences = sample_shared_prefix(
-            model, enc, num_generations=num_generations, temperature=temperature, greedy=greedy,
-            **gen_kwargs,
-        )  # fmt: skip
-        enc = {k: v.repeat_interleave(num_generations, dim=0) for k, v in enc.items()}
-    else:
-        prompts = [t for t in texts for _ in range(num_generations)]
-        enc = encode_prompts(tokenizer, prompts, device, add_special_tokens=not chat)
-        if greedy:
-            gen_kwargs.update(do_sample=False)
-        else:
-            gen_kwargs.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
-        sequences = model.generate(**enc, **gen_kwargs)
+    enc, sequences = _sample(
+        model, tokenizer, texts, device, num_generations=num_generations,
+        max_completion_length=max_completion_length, temperature=temperature, greedy=greedy,
+        chat=chat, share_prompt_prefix=share_prompt_prefix,
+    )  # fmt: skip
     prompt_len = enc["input_ids"].shape[1]
     completion_ids = sequences[:, prompt_len:]
     completion_mask, truncated = _completion_mask(completion_ids, tokenizer.eos_token_id)
@@ -402,20 +433,9 @@ def generate_batch(
     input_ids = torch.cat([enc["input_ids"], completion_ids], dim=1)
     attention_mask = torch.cat([enc["attention_mask"], completion_mask], dim=1)
     loss_mask = torch.cat([torch.zeros_like(enc["attention_mask"]), completion_mask], dim=1)
-
-    # Score the text of the generated tokens before EOS, special tokens included: a completion that
-    # sampled "<pad>" or "<bos>" in the middle of its answer is malformed, not silently cleaned up.
-    content_mask = completion_mask.clone()
-    ended = ~truncated
-    content_mask[ended.nonzero().squeeze(1), completion_mask[ended].sum(1) - 1] = 0
-    texts = [
-        tokenizer.decode(row[m.bool()].tolist(), skip_special_tokens=False)
-        for row, m in zip(completion_ids, content_mask)
-    ]
-    scores = [
-        task.score(problems[i // num_generations], texts[i], truncated=bool(truncated[i]))
-        for i in range(len(texts))
-    ]
+    texts, scores = _score(
+        task, tokenizer, problems, completion_ids, completion_mask, truncated, num_generations
+    )
     rewards = torch.tensor([s.reward for s in scores], dtype=torch.float32, device=device)
     # The sequence reward sits on the last generated token
     # (the EOS, or the last token if truncated).
@@ -434,19 +454,13 @@ def generate_batch(
         completions=texts,
     )
 
-    def logprobs(m):
-        if share_prompt_prefix:
-            return shared_prefix_logprobs(
-                m, input_ids, attention_mask, temperature=temperature, prompt_len=prompt_len
-            )
-        return sequence_logprobs(
-            m, input_ids, attention_mask, temperature=temperature, start=prompt_len
-        )
-
-    if compute_old_logprobs:
-        batch.old_logprobs = logprobs(model) * loss_mask
-    if ref_model is not None:
-        batch.ref_logprobs = logprobs(ref_model) * loss_mask
+    logprobs = shared_prefix_logprobs if share_prompt_prefix else sequence_logprobs
+    kwargs = dict(prompt_len=prompt_len) if share_prompt_prefix else dict(start=prompt_len)
+    old = model if compute_old_logprobs else None
+    for name, m in (("old_logprobs", old), ("ref_logprobs", ref_model)):
+        if m is not None:
+            lp = logprobs(m, input_ids, attention_mask, temperature=temperature, **kwargs)
+            setattr(batch, name, lp * loss_mask)
     model.train(was_training)
     return batch
 

@@ -22,18 +22,185 @@ adds what the chapter is about, and nothing else:
 from __future__ import annotations
 
 import math
+import dataclasses
+from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
 from . import filters
 from .agent import AgentTrainer
-from .config import StarPOConfig
+from .config import (
+    FULL_MODEL,
+    AgentFields,
+    ConfigError,
+    CriticFields,
+    FrozenLakeFields,
+    _f,
+    defaults,
+)
 from .envs import BanditEnv, FrozenLakeEnv, MultiActionEnv, SokobanEnv
 from .plotting import collapse_step  # re-exported: the chapter's indicator helper
 from .rollout import Batch
-from .train import run_recipe
 
-__all__ = ["StarPOTrainer", "distinct_per_group", "collapse_step", "run_starpo"]
+__all__ = [
+    "StarPOConfig",
+    "StarPOTrainer",
+    "distinct_per_group",
+    "collapse_step",
+    "CONFIG",
+    "TRAINER",
+]
+
+
+@dataclass
+@defaults(sft_batch_size=32, eval_size=128, loss_type="token-mean", num_minibatches=4)
+class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
+    """RAGEN's StarPO and StarPO-S: whole multi-turn trajectories, and an uncertainty filter."""
+
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("bandit", "frozenlake", "sokoban")
+
+    PROFILES: ClassVar[dict[str, dict]] = {
+        "quick": {},
+        "full": dict(
+            FULL_MODEL,
+            num_hidden_layers=4,
+            env="sokoban",
+            map_size=4,
+            sft_steps=1500,
+            max_steps=200,
+            eval_size=256,
+        ),
+    }
+    #: StarPO-S and its three parts (RAGEN section 4.2); the dataclass defaults are vanilla StarPO.
+    #: ``from_profile(..., preset="starpo-s")`` fills the fields you do not set with these.
+    PRESETS: ClassVar[dict[str, dict]] = {
+        "starpo": {},
+        "starpo-s": dict(rollout_filter="top_k", filter_value=0.25, beta=0.0, epsilon_high=0.28),
+    }
+
+    preset: str = _f(
+        "starpo",
+        "'starpo' (no filter, KL k1 at 0.001, symmetric clip) or 'starpo-s' (keep the top "
+        "quarter of groups by reward std, no KL, clip-higher 0.28). Fields you set override the "
+        "preset: that is how the ablation removes one part at a time.",
+    )
+    # --- defaults that differ from the agent fields': RAGEN's settings, scaled down
+    env: str = _f("bandit", "Environment: 'bandit', 'frozenlake' or 'sokoban'.")
+    advantage_estimator: str = _f(
+        "grpo",
+        "'grpo' (StarPO-GRPO, eqs. 5-6) or 'gae' (StarPO-PPO with a critic, RAGEN's default).",
+    )
+    num_generations: int = _f(16, "N: trajectories per initial state (RAGEN: 16).")
+    prompts_per_step: int = _f(8, "P: initial states (episode seeds) per RL step (RAGEN: 8).")
+    mini_batch_size: int = _f(
+        32,
+        "Trajectories per gradient step (RAGEN's ppo_mini_batch_size 32): a batch of P * N rows "
+        "takes ceil(rows / 32) steps, so a filter that keeps fewer rows takes fewer steps.",
+    )
+    beta: float = _f(0.001, "KL coefficient (vanilla StarPO: 0.001 with k1; StarPO-S: 0).")
+    kl_estimator: str = _f("k1", "KL estimator in the loss (StarPO: 'k1', logp - ref_logp).")
+    entropy_coeff: float = _f(0.001, "Entropy bonus (RAGEN: 0.001).")
+    learning_rate: float = _f(1e-4, "Policy learning rate (AdamW).")
+    sft_steps: int = _f(200, "SFT steps on demonstrations before RL (0: skip).")
+    max_steps: int = _f(60, "RL steps (one rollout batch each).")
+    demo_error_rate: float = _f(
+        0.5,
+        "Fraction of demonstration actions replaced by another action (a weak start leaves "
+        "room for RL).",
+    )
+    is_slippery: bool = _f(
+        True, "FrozenLake: slippery ice (RAGEN: on; the intended move 1/3 of the time)."
+    )
+    map_size: int = _f(
+        3,
+        "FrozenLake: side of the random lakes (RAGEN: 4). 3 keeps a CPU run learnable: the best "
+        "policy reaches the goal within 10 slippery actions 40 %% of the time on 3 x 3 lakes, "
+        "10 %% on 4 x 4.",
+    )
+    max_turns: int = _f(5, "Turns per episode (RAGEN: 5).")
+    max_action_tokens: int = _f(
+        4, "Maximum tokens of one turn (actions, separators and the stop word)."
+    )
+    # --- the environment
+    max_actions_per_turn: int = _f(
+        2, "Actions one turn may name, joined by '||' (RAGEN: 5). 1: one action per turn."
+    )
+    max_actions: int = _f(10, "Actions per episode (RAGEN: 10); the grid env's time limit.")
+    format_penalty: float = _f(
+        0.1, "Cost of a turn with an invalid action (RAGEN: 0.1); the episode goes on."
+    )
+    bandit_payoffs: str = _f(
+        "paper", "Bandit: the phoenix pays 0.15 ('paper', App. B.1) or 0.1 ('code')."
+    )
+    room_size: int = _f(6, "Sokoban: side of the room, walls included (RAGEN: 6).")
+    # --- the filter stage
+    rollout_filter: str = _f(
+        "none",
+        "Which groups enter the update: 'none'; 'top_k' / 'top_p' (RAGEN's reward-std filter, "
+        "filters.reward_std_filter); 'dynamic' (DAPO: drop groups whose rewards are all equal "
+        "and sample more groups to refill the batch).",
+    )
+    filter_value: float = _f(
+        0.25, "top_k: fraction of groups kept (RAGEN: 0.25); top_p: share of the total std."
+    )
+    filter_include_zero: bool = _f(
+        True, "Let the reward-std filter keep groups with zero std (RAGEN's original: yes)."
+    )
+    max_sample_rounds: int = _f(
+        4, "Dynamic sampling: at most this many rollout rounds per step to refill the batch."
+    )
+
+    @classmethod
+    def from_profile(cls, profile: str = "quick", **overrides):
+        preset = overrides.get("preset", "starpo")
+        if preset not in cls.PRESETS:
+            raise ConfigError(
+                "preset", f"unknown preset; choose one of {sorted(cls.PRESETS)}", preset
+            )
+        return super().from_profile(profile, **{**cls.PRESETS[preset], **overrides})
+
+    def validate(self) -> None:
+        super().validate()
+        if self.preset not in self.PRESETS:
+            self._bad("preset", f"unknown preset; choose one of {sorted(self.PRESETS)}")
+        if self.rollout_filter not in ("none", "top_k", "top_p", "dynamic"):
+            self._bad("rollout_filter", "must be 'none', 'top_k', 'top_p' or 'dynamic'")
+        if not 0.0 < self.filter_value <= 1.0:
+            self._bad("filter_value", "must be in (0, 1]")
+        if self.bandit_payoffs not in ("paper", "code"):
+            self._bad("bandit_payoffs", "must be 'paper' or 'code'")
+        if self.format_penalty < 0:
+            self._bad("format_penalty", "must be >= 0 (it is subtracted)")
+        self._at_least(("max_actions_per_turn", "max_actions", "mini_batch_size"), 1)
+        self._at_least(("max_sample_rounds",), 1)
+        if not 5 <= self.room_size <= 10:
+            self._bad("room_size", "must be between 5 and 10 (a 2 x 2 inside has only corners)")
+        if self.rollout_filter in ("top_k", "top_p", "dynamic") and self.num_generations < 2:
+            self._bad("num_generations", "a group filter needs groups of at least 2")
+        # each action is one token, separators too, and the stop word closes the turn
+        need = 2 * (1 if self.env == "bandit" else self.max_actions_per_turn)
+        if self.max_action_tokens < need:
+            self._bad("max_action_tokens", f"must be >= {need} to write a whole turn")
+        self._check_preset_applied()
+
+    def _check_preset_applied(self) -> None:
+        # StarPOConfig(preset="starpo-s") alone would be labelled StarPO-S but run StarPO: refused.
+        preset = self.PRESETS[self.preset]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if preset and all(getattr(self, k) == defaults[k] for k in preset):
+            self._bad(
+                "preset",
+                f"the {self.preset!r} preset's values are not applied; use "
+                f"StarPOConfig.from_profile(..., preset={self.preset!r}) or --preset {self.preset}",
+            )
+
+    _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "room_size")
+
+    def min_sequence_tokens(self) -> int:
+        grid = {"bandit": 2, "frozenlake": self.map_size**2, "sokoban": self.room_size**2}
+        side = {"bandit": 0, "frozenlake": self.map_size, "sokoban": self.room_size}
+        return grid[self.env] + side[self.env] + 3 + self.max_action_tokens
 
 
 def distinct_per_group(completions: list[str], group_ids: torch.Tensor) -> float:
@@ -57,7 +224,7 @@ class StarPOTrainer(AgentTrainer):
     )
 
     # ------------------------------------------------------------------ construction
-    def _make_task(self):
+    def make_task(self):
         c = self.config
         if c.env == "bandit":
             return BanditEnv(payoffs=c.bandit_payoffs, format_penalty=c.format_penalty)
@@ -85,6 +252,8 @@ class StarPOTrainer(AgentTrainer):
         )
 
     # ------------------------------------------------------------------ rollout and filter
+    rollout_is_sharded = True  # the agent's rollout; the 'dynamic' refill is refused under torchrun
+
     def rollout(self) -> Batch:
         """P seeds x N trajectories; with ``rollout_filter="dynamic"``, DAPO's refill: more seeds
         are played (up to ``max_sample_rounds`` rounds) until P groups have reward spread."""
@@ -134,7 +303,7 @@ class StarPOTrainer(AgentTrainer):
             num_turns=batch.extras["num_turns"].float().mean().item(),
         )
 
-    def _minibatches(self, n: int) -> list[torch.Tensor | None]:
+    def minibatches(self, n: int) -> list[torch.Tensor | None]:
         """RAGEN's minibatches: ``ceil(n / mini_batch_size)`` gradient steps over a random
         permutation of the rows (slices of equal size, up to one row)."""
         k = max(1, math.ceil(n / self.config.mini_batch_size))
@@ -144,6 +313,4 @@ class StarPOTrainer(AgentTrainer):
         return list(torch.tensor_split(perm, k))
 
 
-def run_starpo(config: StarPOConfig) -> dict:
-    """The StarPO recipe headless (``python -m agentic_rl starpo``)."""
-    return run_recipe(StarPOTrainer(config))
+CONFIG, TRAINER = StarPOConfig, StarPOTrainer

@@ -177,33 +177,9 @@ def trl_config_kwargs(config, **overrides) -> dict:
     not of the config.
     """
     c = config
-    agg = c.agg_mode
-    if agg not in TRL_LOSS_TYPES:
-        raise ValueError(
-            f"loss_type {c.loss_type!r} ({agg}) has no TRL loss_type; "
-            f"TRL computes {sorted(TRL_LOSS_TYPES)}"
-        )
-    if c.beta > 0 and c.kl_estimator != "k3":
-        raise ValueError(f"TRL's KL term is k3 only; kl_estimator is {c.kl_estimator!r}")
-    if c.entropy_coeff > 0 and agg != "token-mean":
-        raise ValueError(
-            "TRL's entropy bonus is a token-mean whatever the loss_type; this package aggregates "
-            f"it like the loss ({agg}): use a token-mean loss_type to compare"
-        )
+    _check_trl_can_run(c)
+    agg, rows = c.agg_mode, c.prompts_per_step * c.num_generations
     epsilon_high = c.epsilon if c.epsilon_high is None else c.epsilon_high
-    if c.dual_clip is not None and c.dual_clip < 1 + epsilon_high:
-        # TRL's delta caps rho for every token; for A < 0 that is dual-clip's bound, and for A > 0
-        # the clip already binds below delta, but only when delta >= 1 + epsilon_high.
-        raise ValueError(
-            f"dual_clip ({c.dual_clip}) maps to TRL's delta only when >= 1 + epsilon_high "
-            f"({1 + epsilon_high})"
-        )
-    rows = c.prompts_per_step * c.num_generations
-    if rows % c.num_minibatches:
-        raise ValueError(
-            f"TRL needs num_minibatches ({c.num_minibatches}) to divide the batch "
-            f"(prompts_per_step * num_generations = {rows})"
-        )
     from .models import get_device
 
     kwargs = {
@@ -260,6 +236,37 @@ def trl_config_kwargs(config, **overrides) -> dict:
     kwargs[_checkpointing_field()] = False
     kwargs.update(overrides)
     return kwargs
+
+
+def _check_trl_can_run(c) -> None:
+    """Raise ``ValueError`` for a config TRL cannot run as this package does."""
+    agg = c.agg_mode
+    if agg not in TRL_LOSS_TYPES:
+        raise ValueError(
+            f"loss_type {c.loss_type!r} ({agg}) has no TRL loss_type; "
+            f"TRL computes {sorted(TRL_LOSS_TYPES)}"
+        )
+    if c.beta > 0 and c.kl_estimator != "k3":
+        raise ValueError(f"TRL's KL term is k3 only; kl_estimator is {c.kl_estimator!r}")
+    if c.entropy_coeff > 0 and agg != "token-mean":
+        raise ValueError(
+            "TRL's entropy bonus is a token-mean whatever the loss_type; this package aggregates "
+            f"it like the loss ({agg}): use a token-mean loss_type to compare"
+        )
+    epsilon_high = c.epsilon if c.epsilon_high is None else c.epsilon_high
+    if c.dual_clip is not None and c.dual_clip < 1 + epsilon_high:
+        # TRL's delta caps rho for every token; for A < 0 that is dual-clip's bound, and for A > 0
+        # the clip already binds below delta, but only when delta >= 1 + epsilon_high.
+        raise ValueError(
+            f"dual_clip ({c.dual_clip}) maps to TRL's delta only when >= 1 + epsilon_high "
+            f"({1 + epsilon_high})"
+        )
+    rows = c.prompts_per_step * c.num_generations
+    if rows % c.num_minibatches:
+        raise ValueError(
+            f"TRL needs num_minibatches ({c.num_minibatches}) to divide the batch "
+            f"(prompts_per_step * num_generations = {rows})"
+        )
 
 
 def _checkpointing_field() -> str:

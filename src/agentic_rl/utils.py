@@ -1,15 +1,91 @@
-"""Seeding, threads and quiet logging: set once, at the top of every notebook, test and CLI run."""
+"""Seeding, threads and quiet logging (set once, at the top of every notebook, test and CLI run),
+and the seed streams every recipe shares.
+
+Seed streams, in one place so that training and held-out seeds never overlap:
+
+==============================  ===============================================================
+training draws                  :func:`train_seed`: episode and problem seeds below ``10**6``
+held-out episode seeds          :func:`eval_seeds`: ``10**6 + 10_000 * seed + i``
+held-out problems (GRPO tasks)  ``random.Random(EVAL_PROBLEMS_OFFSET + seed)``
+probe seeds (GCD's coupling)    :func:`probe_seeds`: ``3 * 10**6 + i``
+evaluation sampling             :func:`fixed_rng` seeded with :func:`eval_sampling_seed`
+==============================  ===============================================================
+"""
 
 from __future__ import annotations
 
 import os
 import random
 import warnings
+from contextlib import contextmanager, nullcontext
 
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "setup", "in_colab", "stored_outputs"]
+__all__ = [
+    "seed_everything",
+    "setup",
+    "in_colab",
+    "stored_outputs",
+    "fixed_rng",
+    "mixed_precision",
+    "train_seed",
+    "eval_seeds",
+    "probe_seeds",
+    "eval_sampling_seed",
+    "TRAIN_SEEDS",
+    "EVAL_PROBLEMS_OFFSET",
+    "CONDITION_DRAW_OFFSET",
+]
+
+#: Training episode seeds are drawn from ``range(TRAIN_SEEDS)``; held-out ones lie above it.
+TRAIN_SEEDS = 10**6
+#: The held-out problems of a single-turn task come from ``random.Random(10_000 + seed)``.
+EVAL_PROBLEMS_OFFSET = 10_000
+#: Evaluation samples from its own torch stream, ``seed + EVAL_SAMPLING_OFFSET``.
+EVAL_SAMPLING_OFFSET = 1234
+#: RC-GRPO's reward tokens in evaluation: ``random.Random(seed + CONDITION_DRAW_OFFSET)``.
+CONDITION_DRAW_OFFSET = 4321
+_PROBE_SEEDS = 3 * 10**6
+
+
+def train_seed(rng: random.Random) -> int:
+    """One training episode seed from the run's checkpointed task stream ``rng``."""
+    return rng.randrange(TRAIN_SEEDS)
+
+
+def eval_seeds(seed: int, n: int) -> list[int]:
+    """The ``n`` held-out episode seeds of a run with config seed ``seed`` (above every training
+    seed, and apart for different config seeds up to 10,000 held-out episodes)."""
+    return [TRAIN_SEEDS + 10_000 * seed + i for i in range(n)]
+
+
+def probe_seeds(n: int) -> list[int]:
+    """Seeds of fixed probes (GCD's coupling pairs), apart from training and evaluation."""
+    return [_PROBE_SEEDS + i for i in range(n)]
+
+
+def eval_sampling_seed(seed: int) -> int:
+    """The seed of evaluation's own sampling stream (see :func:`fixed_rng`)."""
+    return seed + EVAL_SAMPLING_OFFSET
+
+
+@contextmanager
+def fixed_rng(seed: int, device: torch.device):
+    """Run a block with its own torch RNG stream, leaving the caller's stream untouched (how an
+    evaluation samples without moving the training stream)."""
+    devices = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def mixed_precision(device: torch.device, bf16: bool):
+    """``torch.autocast`` to bfloat16 when ``bf16`` is asked for and ``device`` is a CUDA GPU that
+    supports it (config field ``bf16``); otherwise a context that changes nothing."""
+    if bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return nullcontext()
 
 
 def seed_everything(seed: int) -> None:

@@ -1,0 +1,129 @@
+"""The one recipe registry (``cli.RECIPES``) and the house rules every chapter module keeps.
+
+A new chapter is one module (its config and trainer), one line in ``RECIPES``, its tests and its
+book files. These tests check, for every registered recipe, what that line promises: a config,
+a trainer that fills in the loop's required hooks, a ``--help`` that lists only the flags the
+recipe uses, and a row in the hardening tests.
+"""
+
+import ast
+import dataclasses
+import inspect
+import pathlib
+import re
+import textwrap
+
+import pytest
+import test_hardening
+
+from agentic_rl.cli import RECIPES, main, recipe
+from agentic_rl.config import AgentFields, CriticFields, FrozenLakeFields, RLConfig
+from agentic_rl.train import Trainer
+
+PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "agentic_rl"
+REQUIRED_HOOKS = ("make_task", "make_eval_set", "sft_batch", "rollout", "evaluate")
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_registered_recipe_has_a_config_a_trainer_and_help(name, capsys):
+    chapter = recipe(name)
+    assert issubclass(chapter.CONFIG, RLConfig) and dataclasses.is_dataclass(chapter.CONFIG)
+    assert issubclass(chapter.TRAINER, Trainer)
+    assert chapter.CONFIG.__doc__.strip(), "the config's first docstring line is the CLI's summary"
+    for hook in REQUIRED_HOOKS:
+        assert getattr(chapter.TRAINER, hook) is not getattr(Trainer, hook), f"{name}: {hook}"
+    chapter.CONFIG.from_profile("quick")  # the defaults are a valid config
+    with pytest.raises(SystemExit) as exit_:
+        main([name, "--help"])
+    assert exit_.value.code == 0
+    flags = set(re.findall(r"^  (--[a-z0-9-]+)", capsys.readouterr().out, flags=re.M))
+    fields = {"--" + f.name.replace("_", "-") for f in dataclasses.fields(chapter.CONFIG)}
+    assert flags == fields  # (argparse's own -h, --help aside)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_registered_recipe_has_hardening_rows(name):
+    assert name in test_hardening.TINY_RUNS, f"add a tiny CLI run of {name!r} to TINY_RUNS"
+    assert recipe(name).CONFIG in test_hardening.RECIPE_CONFIGS.values()
+
+
+def _package_source() -> str:
+    return "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_every_flag_of_a_recipe_is_read_by_the_package(name):
+    """No dead flag: every field of a recipe's config is read somewhere (``.field`` or
+    ``getattr(..., "field"``); and the mixins' fields reach only the recipes that use them."""
+    source = _package_source()
+    for f in dataclasses.fields(recipe(name).CONFIG):
+        read = f".{f.name}" in source or f'"{f.name}"' in source
+        assert read, f"{name}: the field {f.name!r} is never read"
+
+
+def test_mixin_fields_only_where_the_recipe_uses_them():
+    names = {name: {f.name for f in dataclasses.fields(recipe(name).CONFIG)} for name in RECIPES}
+    lake = {f.name for f in dataclasses.fields(FrozenLakeFields)} - {
+        f.name for f in dataclasses.fields(RLConfig)
+    }
+    critic = {f.name for f in dataclasses.fields(CriticFields)} - {
+        f.name for f in dataclasses.fields(RLConfig)
+    }
+    assert lake == {"map_size", "is_slippery", "p_frozen"}
+    assert "gamma" in critic and "vf_coef" in critic
+    for name in ("rcgrpo", "gcd"):  # group-relative, not on FrozenLake: neither set
+        assert not names[name] & (lake | critic), name
+    assert not names["retool"] & lake  # ReTool may run PPO with a critic, never on a lake
+    for name in ("ppo", "starpo"):
+        assert lake | critic <= names[name], name
+    for name in RECIPES:
+        if name != "grpo":
+            assert issubclass(recipe(name).CONFIG, AgentFields), name
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_no_chapter_overrides_an_underscored_method(name):
+    trainer = recipe(name).TRAINER
+    for cls in trainer.__mro__:
+        if cls is Trainer or not issubclass(cls, Trainer):
+            continue
+        for attr in vars(cls):
+            if attr.startswith("_") and not attr.startswith("__"):
+                assert not hasattr(Trainer, attr), f"{cls.__name__} overrides {attr}"
+
+
+def test_the_hook_table_lists_every_public_hook():
+    documented = set(re.findall(r"``(?:self\.)?(\w+)", _train_doc()))
+    public = {
+        n for n, v in vars(Trainer).items() if not n.startswith("_") and n not in _NOT_HOOKS
+    }
+    assert public <= documented, sorted(public - documented)
+
+
+#: Trainer members that are the loop or its machinery, not hooks a recipe overrides.
+_NOT_HOOKS = {
+    "train", "rl_step", "sft", "save_checkpoint", "load_checkpoint", "summary", "is_complete",
+    "num_parameters", "chat", "optimizer_step", "mixed_precision", "make_ref_model",
+}  # fmt: skip
+
+
+def _train_doc() -> str:
+    import agentic_rl.train as train
+
+    return train.__doc__
+
+
+def test_the_rl_step_fits_on_a_page():
+    """The loop the GRPO chapter prints: at most 60 lines, and it reads as the pseudocode."""
+    source = inspect.getsource(Trainer.rl_step)
+    assert len(source.splitlines()) <= 60
+    nodes = [
+        n
+        for n in ast.walk(ast.parse(textwrap.dedent(source)))
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+    ]
+    calls = [n.func.attr for n in sorted(nodes, key=lambda n: (n.lineno, n.col_offset))]
+    order = ["rollout", "compute_advantages", "filter_rows", "minibatches", "compute_loss",
+             "optimizer_step", "rollout_metrics"]  # fmt: skip
+    positions = [max(i for i, call in enumerate(calls) if call == c) for c in order]
+    assert positions == sorted(positions), calls
