@@ -550,7 +550,7 @@ def test_checkpoint_is_loadable_with_weights_only_and_has_header(finished):
     with open(finished / "checkpoint.pt", "rb") as fh:
         header = fh.readline()
         payload = fh.read()
-    assert header.startswith(b"AGENTIC-RL-CHECKPOINT 1 sha256=")
+    assert header.startswith(b"AGENTIC-RL-CHECKPOINT 2 sha256=")
     state = torch.load(io.BytesIO(payload), weights_only=True)  # no pickle of arbitrary objects
     assert (
         state["phase"] == "rl"
@@ -677,10 +677,23 @@ def test_plain_pickle_file_is_refused(tmp_path):
 def test_newer_format_version_is_named(tmp_path):
     path = str(tmp_path / "checkpoint.pt")
     ckpt.save({"a": 1}, path)
-    data = open(path, "rb").read().replace(b"CHECKPOINT 1 ", b"CHECKPOINT 9 ", 1)
+    data = open(path, "rb").read().replace(b"CHECKPOINT 2 ", b"CHECKPOINT 9 ", 1)
     open(path, "wb").write(data)
-    with pytest.raises(CheckpointError, match="format 9; this agentic_rl reads format 1"):
+    with pytest.raises(CheckpointError, match="format 9; this agentic_rl reads format 2"):
         ckpt.load(path)
+
+
+def test_a_format_1_run_folder_is_refused_saying_what_changed_and_what_to_do(capsys, finished, tmp_path):
+    """Format 1 (before the loop's phase was renamed 'rl'): the CLI refuses it in one line that
+    names the change and the ways on, and deletes nothing."""
+    out = _copy(finished, tmp_path)
+    path = out / "checkpoint.pt"
+    path.write_bytes(path.read_bytes().replace(b"CHECKPOINT 2 ", b"CHECKPOINT 1 ", 1))
+    before = _snapshot(out)
+    code, _, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+    line = _assert_one_line_error(code, err)
+    assert "format 1 called the RL phase 'grpo'" in line and "--resume false" in line, line
+    assert _snapshot(out) == before
 
 
 # --------------------------------------------------------------------------- 4. resume edge cases
