@@ -168,3 +168,40 @@ def test_exceptions_and_shapes_are_reported_not_raised():
         check_implementation(A.gae, "nope")
     with pytest.raises(ValueError, match="expect"):
         check_implementation(A.gae, "gae", expect="nope")
+
+
+def test_report_prose_for_each_path():
+    # the convention a function follows when it is no reference's
+    fn = _per_group(lambda x: (x - x.mean()) / (x.std(unbiased=False) + 1e-6))
+    r = check_implementation(fn, "group_advantages")
+    assert r.matches == [
+        "no reference; your convention: std estimator: the biased group std (divides by n); "
+        "epsilon and where it goes: (x - mean) / (std + 1e-6); a group of one: advantage 0"
+    ]
+    assert r.notes == ["closest expected reference: agentic_rl.group_advantages (unbiased std, "
+                       "+1e-6; a group of one gets 0)"]
+    # an output no convention explains: got vs the closest reference, case by case
+    def noisy(scores, gids):
+        return A.group_advantages(scores, gids) + 0.01 * (scores > 0.5).float()
+    r = check_implementation(noisy, "group_advantages")
+    assert not r.passed and len(r.differences) == 3 and r.matches == []
+    assert r.differences[0].startswith("on case 'binary' (0/1 rewards")
+    assert "your output matches no known convention: got [0.51, -1.5, 0.51" in r.differences[0]
+    assert [c["ok"] for c in r.cases] == [False, False, True, False]
+    # a policy loss without epsilon keywords: only the epsilon-0.2 cases run
+    def no_eps(logprobs, old_logprobs, advantages, mask):
+        return L.policy_loss(logprobs, old_logprobs, advantages, mask)
+    r = check_implementation(no_eps, "policy_loss")
+    assert r.passed and r.notes == [
+        f"{r.function} takes no epsilon keyword (epsilon, eps, clip_ratio, cliprange, "
+        "epsilon_low, clip_eps): checked only the cases with epsilon 0.2",
+        f"{r.function} takes no epsilon_high keyword: the clip-higher cases were skipped",
+    ]
+    assert [c["ok"] for c in r.cases] == [True, None, None, True]
+    assert [c["note"].endswith("(skipped)") for c in r.cases] == [False, True, True, False]
+    # nothing usable: every case an error, one closing problem
+    r = check_implementation(lambda lp, ref: "x", "kl")
+    assert r.problems[-1] == (
+        f"{r.function} produced no usable output on any case; nothing to compare"
+    )
+    assert all(c["ok"] is None for c in r.cases) and not r.differences and not r.matches

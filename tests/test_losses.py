@@ -7,7 +7,13 @@ import pytest
 import torch
 from torch.testing import assert_close
 
-from agentic_rl.losses import aggregate, kl_penalty, policy_loss, resolve_agg_mode
+from agentic_rl.losses import (
+    aggregate,
+    clip_region,
+    kl_penalty,
+    policy_loss,
+    resolve_agg_mode,
+)
 
 F64 = torch.float64
 
@@ -194,6 +200,76 @@ def test_policy_loss_rejects_bad_clip_settings(kw):
     x = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError):
         policy_loss(x, x, x, torch.ones_like(x), **kw)
+
+
+@pytest.mark.parametrize(
+    "kw, dtype",
+    [
+        ({}, torch.float32),
+        ({"epsilon": 0.1, "epsilon_high": 0.28}, torch.float32),
+        ({"epsilon": 0.2, "dual_clip": 3.0}, torch.float32),
+        ({"epsilon": 0.2, "epsilon_high": 0.28, "dual_clip": 1.5}, F64),
+        ({"epsilon": 0.0, "epsilon_high": 0.0, "dual_clip": 2.0}, F64),
+    ],
+)
+def test_clip_region_is_where_policy_loss_cuts_the_gradient(kw, dtype):
+    # The token view marks clipped tokens with clip_region: it must agree with policy_loss's
+    # metrics and with its gradient (a marked token gets exactly zero gradient; an unmarked valid
+    # token with A != 0 gets some), on random tokens on both sides of every bound.
+    g = torch.Generator().manual_seed(11)
+    any_dual = False
+    for trial in range(20):
+        B, T = 4, 64
+        old = -torch.rand(B, T, generator=g, dtype=F64).to(dtype)
+        logp = (old + torch.randn(B, T, generator=g, dtype=F64).to(dtype)).requires_grad_(True)
+        if trial % 2:
+            adv = torch.randn(B, 1, generator=g, dtype=F64).to(dtype)  # one advantage per row
+        else:
+            adv = torch.randn(B, T, generator=g, dtype=F64).to(dtype)
+            adv[0, :8] = 0.0
+        mask = (torch.rand(B, T, generator=g) > 0.2).to(dtype)
+        loss, m = policy_loss(logp, old, adv, mask, agg="token-sum", **kw)
+        loss.backward()
+        ratio = torch.exp(torch.clamp(logp.detach() - old, -20.0, 20.0))
+        low, high, dual = clip_region(ratio, adv, **kw)
+        assert low.shape == high.shape == dual.shape == (B, T) and low.dtype == torch.bool
+        valid = mask.bool()
+        n = int(valid.sum())
+        for name, region in [
+            ("clip_ratio", low | high),
+            ("clip_ratio_low", low),
+            ("clip_ratio_high", high),
+            ("dual_clip_ratio", dual),
+        ]:
+            assert m[name] == pytest.approx(int((region & valid).sum()) / n, abs=1e-6), name
+        a = adv.expand(B, T)
+        eps, eps_high = kw.get("epsilon", 0.2), kw.get("epsilon_high", kw.get("epsilon", 0.2))
+        assert not (low & high).any() and not ((low | high) & dual).any()
+        assert bool((a[low] < 0).all()) and bool((ratio[low] < 1 - eps).all())
+        assert bool((a[high] > 0).all()) and bool((ratio[high] > 1 + eps_high).all())
+        if "dual_clip" not in kw:
+            assert not dual.any()
+        cut = (low | high | dual) & valid
+        kept = ~(low | high | dual) & valid & (a != 0)
+        assert bool((logp.grad[cut] == 0).all())
+        assert bool((logp.grad[kept] != 0).all())
+        assert cut.sum() > 0 and kept.sum() > 0
+        any_dual |= bool(dual.any())
+    assert any_dual == ("dual_clip" in kw)
+
+
+def test_clip_region_hand_cases():
+    # eps .2, eps_high .28, dual clip 3: (rho, A) -> region
+    rho = t([0.5, 0.5, 1.25, 1.3, 1.3, 5.0, 2.0, 0.5])
+    adv = t([-1.0, 1.0, 1.0, 1.0, -1.0, -1.0, -1.0, 0.0])
+    low, high, dual = clip_region(rho, adv, epsilon=0.2, epsilon_high=0.28, dual_clip=3.0)
+    assert low.tolist() == [True, False, False, False, False, False, False, False]
+    assert high.tolist() == [False, False, False, True, False, False, False, False]
+    assert dual.tolist() == [False, False, False, False, False, True, False, False]
+    # epsilon_high defaults to epsilon; no dual clip: no dual region
+    low, high, dual = clip_region(rho, adv, epsilon=0.2)
+    assert high.tolist() == [False, False, True, True, False, False, False, False]
+    assert low.tolist() == [True] + [False] * 7 and not dual.any()
 
 
 # --------------------------------------------------------------------------- kl_penalty

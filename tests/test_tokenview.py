@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from agentic_rl.advantages import group_advantages
+from agentic_rl.losses import policy_loss
 from agentic_rl.rollout import Batch, generate_batch
 from agentic_rl.tokenview import TokenView, token_view
 
@@ -119,3 +120,28 @@ def test_wraps_long_rows():
 def test_bad_input_names_the_argument(kwargs, name):
     with pytest.raises(ValueError, match=name):
         token_view(multiturn_batch(), **kwargs)
+
+
+def test_clipped_marks_are_the_tokens_policy_loss_clips():
+    # the view uses losses.clip_region, the rule policy_loss's clip metrics count: per row, the
+    # tokens marked low / high are the fractions policy_loss reports on that row alone
+    g = torch.Generator().manual_seed(5)
+    B, T = 3, 40
+    batch = Batch(input_ids=torch.randint(0, 9, (B, T), generator=g),
+                  attention_mask=torch.ones(B, T, dtype=torch.long),
+                  loss_mask=(torch.rand(B, T, generator=g) > 0.3).long(),
+                  token_rewards=torch.zeros(B, T), group_id=torch.tensor([0, 0, 1]),
+                  old_logprobs=-torch.rand(B, T, generator=g))
+    logp = batch.old_logprobs + 0.5 * torch.randn(B, T, generator=g)
+    adv = torch.randn(B, T, generator=g)
+    for row in range(B):
+        recs = token_view(batch, row, advantages=adv, logprobs=logp, epsilon=0.1,
+                          epsilon_high=0.28).records()
+        sl = slice(row, row + 1)
+        _, m = policy_loss(logp[sl], batch.old_logprobs[sl], adv[sl], batch.loss_mask[sl],
+                           epsilon=0.1, epsilon_high=0.28)
+        n = sum(r["trainable"] for r in recs)
+        low = sum(r["clipped"] == "low" for r in recs)
+        high = sum(r["clipped"] == "high" for r in recs)
+        assert low > 0 and high > 0
+        assert (m["clip_ratio_low"], m["clip_ratio_high"]) == pytest.approx((low / n, high / n))

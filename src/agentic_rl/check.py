@@ -202,62 +202,85 @@ def _check_shape(t: torch.Tensor, shape, what: str) -> torch.Tensor:
     return t
 
 
-def _call(kind: str, fn, case: dict, state: dict) -> list[torch.Tensor | None]:
-    """Run ``fn`` on one case; return its output components (None where not returned)."""
+def _call_group_advantages(fn, case: dict, state: dict) -> list:
+    inp = case["inputs"]
+    scores, gids = _tensor(inp["scores"], torch.float32), _tensor(inp["group_ids"], torch.int64)
+    out = fn(scores, gids)
+    return [_check_shape(_as_tensor(out, "the advantages"), scores.shape, "advantages")]
+
+
+def _call_gae(fn, case: dict, state: dict) -> list:
+    inp = case["inputs"]
+    r, v = _tensor(inp["token_rewards"], torch.float32), _tensor(inp["values"], torch.float32)
+    m = _tensor(inp["mask"], torch.int64)
+    p = case["params"]
+    if _can_bind(fn, r, v, m, gamma=p["gamma"], lam=p["lam"]):
+        out = fn(r, v, m, gamma=p["gamma"], lam=p["lam"])
+    else:
+        out = fn(r, v, m, p["gamma"], p["lam"])
+    if isinstance(out, (tuple, list)):
+        if len(out) < 2:
+            raise _CallError(f"returned a {type(out).__name__} of length {len(out)}")
+        adv, ret = out[0], out[1]
+    else:
+        adv, ret = out, None
+        state["no_returns"] = True
+    adv = _check_shape(_as_tensor(adv, "the advantages"), v.shape, "advantages")
+    if ret is not None:
+        ret = _check_shape(_as_tensor(ret, "the returns"), v.shape, "returns")
+    return [adv, ret]
+
+
+def _call_kl(fn, case: dict, state: dict) -> list:
+    inp = case["inputs"]
+    lp, ref = _tensor(inp["logprobs"], torch.float32), _tensor(inp["ref_logprobs"], torch.float32)
+    out = fn(lp, ref)
+    return [_check_shape(_as_tensor(out, "the KL"), lp.shape, "the per-token KL")]
+
+
+def _call_aggregate(fn, case: dict, state: dict) -> list:
+    inp = case["inputs"]
+    lm, m = _tensor(inp["loss_mat"], torch.float32), _tensor(inp["mask"], torch.int64)
+    out = fn(lm, m)
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    return [_check_shape(_as_tensor(out, "the loss"), (), "the loss")]
+
+
+def _call_policy_loss(fn, case: dict, state: dict) -> list:
     inp = case["inputs"]
     f32, i64 = torch.float32, torch.int64
-    if kind == "group_advantages":
-        scores, gids = _tensor(inp["scores"], f32), _tensor(inp["group_ids"], i64)
-        out = fn(scores, gids)
-        return [_check_shape(_as_tensor(out, "the advantages"), scores.shape, "advantages")]
-    if kind == "gae":
-        r, v = _tensor(inp["token_rewards"], f32), _tensor(inp["values"], f32)
-        m = _tensor(inp["mask"], i64)
-        p = case["params"]
-        if _can_bind(fn, r, v, m, gamma=p["gamma"], lam=p["lam"]):
-            out = fn(r, v, m, gamma=p["gamma"], lam=p["lam"])
-        else:
-            out = fn(r, v, m, p["gamma"], p["lam"])
-        if isinstance(out, (tuple, list)):
-            if len(out) < 2:
-                raise _CallError(f"returned a {type(out).__name__} of length {len(out)}")
-            adv, ret = out[0], out[1]
-        else:
-            adv, ret = out, None
-            state["no_returns"] = True
-        adv = _check_shape(_as_tensor(adv, "the advantages"), v.shape, "advantages")
-        if ret is not None:
-            ret = _check_shape(_as_tensor(ret, "the returns"), v.shape, "returns")
-        return [adv, ret]
-    if kind == "kl":
-        lp, ref = _tensor(inp["logprobs"], f32), _tensor(inp["ref_logprobs"], f32)
-        out = fn(lp, ref)
-        return [_check_shape(_as_tensor(out, "the KL"), lp.shape, "the per-token KL")]
-    if kind == "aggregate":
-        lm, m = _tensor(inp["loss_mat"], f32), _tensor(inp["mask"], i64)
-        out = fn(lm, m)
-        if isinstance(out, (tuple, list)) and out:
-            out = out[0]
-        return [_check_shape(_as_tensor(out, "the loss"), (), "the loss")]
-    if kind == "policy_loss":
-        lp, old = _tensor(inp["logprobs"], f32), _tensor(inp["old_logprobs"], f32)
-        adv, m = _tensor(inp["advantages"], f32), _tensor(inp["mask"], i64)
-        p = case["params"]
-        kwargs = {}
-        if state["eps_name"]:
-            kwargs[state["eps_name"]] = p["epsilon"]
-        if state["eps_high_name"]:
-            kwargs[state["eps_high_name"]] = p["epsilon_high"]
-        out = fn(lp, old, adv, m, **kwargs)
-        if isinstance(out, (tuple, list)) and out:
-            out = out[0]
-        t = _as_tensor(out, "the loss")
-        if tuple(t.shape) == tuple(lp.shape):  # a per-token loss matrix: check its token-mean
-            state["per_token"] = True
-            mf = m.to(t.dtype)
-            t = (t * mf).sum() / mf.sum().clamp(min=1)
-        return [_check_shape(t, (), "the loss")]
-    raise AssertionError(kind)
+    lp, old = _tensor(inp["logprobs"], f32), _tensor(inp["old_logprobs"], f32)
+    adv, m = _tensor(inp["advantages"], f32), _tensor(inp["mask"], i64)
+    p = case["params"]
+    kwargs = {}
+    if state["eps_name"]:
+        kwargs[state["eps_name"]] = p["epsilon"]
+    if state["eps_high_name"]:
+        kwargs[state["eps_high_name"]] = p["epsilon_high"]
+    out = fn(lp, old, adv, m, **kwargs)
+    if isinstance(out, (tuple, list)) and out:
+        out = out[0]
+    t = _as_tensor(out, "the loss")
+    if tuple(t.shape) == tuple(lp.shape):  # a per-token loss matrix: check its token-mean
+        state["per_token"] = True
+        mf = m.to(t.dtype)
+        t = (t * mf).sum() / mf.sum().clamp(min=1)
+    return [_check_shape(t, (), "the loss")]
+
+
+_CALLS = {
+    "group_advantages": _call_group_advantages,
+    "gae": _call_gae,
+    "kl": _call_kl,
+    "policy_loss": _call_policy_loss,
+    "aggregate": _call_aggregate,
+}
+
+
+def _call(kind: str, fn, case: dict, state: dict) -> list[torch.Tensor | None]:
+    """Run ``fn`` on one case; return its output components (None where not returned)."""
+    return _CALLS[kind](fn, case, state)
 
 
 # ---------------------------------------------------------------------------- comparing
@@ -321,6 +344,24 @@ def check_implementation(fn, kind: str, *, expect=None) -> CheckReport:
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
     spec = load_reference_cases()["kinds"][kind]
+    expect = _expected_references(spec, kind, expect)
+    name = _fn_name(fn)
+    report = CheckReport(kind=kind, function=name, passed=False, signature=spec["signature"])
+    state, skip = _probe_keywords(kind, fn, spec, name, report)
+    runs = _run_cases(kind, fn, spec, state, skip, name, report)
+    _note_outputs(state, name, report)
+    ran = [i for i, g in enumerate(runs.grid_ok) if g is not None]
+    if ran:
+        _judge(spec, expect, runs, ran, report)
+    else:
+        report.problems.append(f"{name} produced no usable output on any case; nothing to compare")
+    report.cases = [{k: v for k, v in c.items() if k in ("name", "note", "ok")} for c in runs.cases]
+    return report
+
+
+def _expected_references(spec: dict, kind: str, expect) -> list[str]:
+    """``expect`` as a list of known reference keys, the book's own package first (ties between
+    equally close references go to it)."""
     refs = spec["references"]
     if expect is None:
         expect = list(spec["default_expect"])
@@ -331,69 +372,87 @@ def check_implementation(fn, kind: str, *, expect=None) -> CheckReport:
         raise ValueError(
             f"expect: unknown reference(s) {unknown} for kind {kind!r}; choose from {sorted(refs)}"
         )
-    # ties between equally close references go to the book's own package first
-    expect = sorted(dict.fromkeys(expect), key=lambda r: not r.startswith("agentic_rl"))
-    name = _fn_name(fn)
-    report = CheckReport(kind=kind, function=name, passed=False, signature=spec["signature"])
-    dims = spec["dims"]
-    grid = list(itertools.product(*[[o["name"] for o in d["options"]] for d in dims]))
+    return sorted(dict.fromkeys(expect), key=lambda r: not r.startswith("agentic_rl"))
 
+
+def _probe_keywords(kind: str, fn, spec: dict, name: str, report: CheckReport):
+    """For a policy loss, the epsilon keywords ``fn`` takes, and the cases it cannot be asked
+    (their epsilons need a keyword it lacks); a note for each missing keyword."""
     state = {"eps_name": None, "eps_high_name": None}
+    if kind != "policy_loss":
+        return state, set()
+    state["eps_name"] = _first_accepted(fn, _EPS_NAMES)
+    state["eps_high_name"] = _first_accepted(fn, _EPS_HIGH_NAMES)
     skip = set()
-    if kind == "policy_loss":
-        state["eps_name"] = _first_accepted(fn, _EPS_NAMES)
-        state["eps_high_name"] = _first_accepted(fn, _EPS_HIGH_NAMES)
-        for i, c in enumerate(spec["cases"]):
-            p = c["params"]
-            if state["eps_name"] is None and p["epsilon"] != 0.2:
-                skip.add(i)
-            if state["eps_high_name"] is None and p["epsilon_high"] != p["epsilon"]:
-                skip.add(i)
-        if state["eps_name"] is None:
-            report.notes.append(
-                f"{name} takes no epsilon keyword ({', '.join(_EPS_NAMES)}): "
-                "checked only the cases with epsilon 0.2"
-            )
-        if state["eps_high_name"] is None:
-            report.notes.append(
-                f"{name} takes no epsilon_high keyword: the clip-higher cases were skipped"
-            )
+    for i, c in enumerate(spec["cases"]):
+        p = c["params"]
+        if state["eps_name"] is None and p["epsilon"] != 0.2:
+            skip.add(i)
+        if state["eps_high_name"] is None and p["epsilon_high"] != p["epsilon"]:
+            skip.add(i)
+    if state["eps_name"] is None:
+        report.notes.append(
+            f"{name} takes no epsilon keyword ({', '.join(_EPS_NAMES)}): "
+            "checked only the cases with epsilon 0.2"
+        )
+    if state["eps_high_name"] is None:
+        report.notes.append(
+            f"{name} takes no epsilon_high keyword: the clip-higher cases were skipped"
+        )
+    return state, skip
 
-    # run every case; results[i][j]: does the output of case i match grid point j / reference r
-    grid_ok, ref_ok, case_info = [], [], []
+
+@dataclass
+class _Runs:
+    """Per case: which grid points (``grid_ok``) and references (``ref_ok``) the output matches
+    (None where the case was skipped or the call failed), and its row of the report (``cases``)."""
+
+    grid_ok: list = field(default_factory=list)
+    ref_ok: list = field(default_factory=list)
+    cases: list = field(default_factory=list)
+
+
+def _run_cases(kind: str, fn, spec: dict, state: dict, skip: set, name: str, report) -> _Runs:
+    """Run ``fn`` on every case not skipped and compare its output with every expected output."""
+    runs = _Runs()
     for i, case in enumerate(spec["cases"]):
         info = {"name": case["name"], "note": case["note"], "ok": None}
-        case_info.append(info)
+        runs.cases.append(info)
+        result = None
         if i in skip:
-            grid_ok.append(None)
-            ref_ok.append(None)
-            info["ok"] = None
             info["note"] += " (skipped)"
+        else:
+            result = _run_case(kind, fn, case, state, name, report)
+        if result is None:
+            runs.grid_ok.append(None)
+            runs.ref_ok.append(None)
             continue
-        try:
-            with torch.no_grad():
-                got = _call(kind, fn, case, state)
-        except _CallError as exc:
-            report.problems.append(f"{name} {exc} on case {case['name']!r} ({case['note']})")
-            grid_ok.append(None)
-            ref_ok.append(None)
-            continue
-        except Exception as exc:  # noqa: BLE001 - the learner's exception is the finding
-            report.problems.append(
-                f"{name} raised {type(exc).__name__}: {exc} on case "
-                f"{case['name']!r} ({case['note']})"
-            )
-            grid_ok.append(None)
-            ref_ok.append(None)
-            continue
-        info["got"] = got
-        outs = [[_expected(comp) for comp in o] for o in case["outputs"]]
-        ok_out = [_matches(got, o, case["rtol"], case["atol"]) for o in outs]
-        grid_ok.append([ok_out[k] for k in case["grid"]])
-        ref_ok.append({r: ok_out[k] for r, k in case["refs"].items()})
-        info["outs"] = outs
+        info["got"], info["outs"], ok_out = result
+        runs.grid_ok.append([ok_out[k] for k in case["grid"]])
+        runs.ref_ok.append({r: ok_out[k] for r, k in case["refs"].items()})
+    return runs
 
-    ran = [i for i, g in enumerate(grid_ok) if g is not None]
+
+def _run_case(kind: str, fn, case: dict, state: dict, name: str, report: CheckReport):
+    """``(output, expected outputs, whether each matches)`` for one case, or None with the
+    exception or the wrong shape reported as a problem."""
+    try:
+        with torch.no_grad():
+            got = _call(kind, fn, case, state)
+    except _CallError as exc:
+        report.problems.append(f"{name} {exc} on case {case['name']!r} ({case['note']})")
+        return None
+    except Exception as exc:  # noqa: BLE001 - the learner's exception is the finding
+        report.problems.append(
+            f"{name} raised {type(exc).__name__}: {exc} on case {case['name']!r} ({case['note']})"
+        )
+        return None
+    outs = [[_expected(comp) for comp in o] for o in case["outputs"]]
+    return got, outs, [_matches(got, o, case["rtol"], case["atol"]) for o in outs]
+
+
+def _note_outputs(state: dict, name: str, report: CheckReport) -> None:
+    """Notes on what the outputs let the check see (no returns, a per-token loss)."""
     if state.get("no_returns"):
         report.notes.append(f"{name} returned only the advantages; the returns were not checked")
     if state.get("per_token"):
@@ -401,79 +460,108 @@ def check_implementation(fn, kind: str, *, expect=None) -> CheckReport:
             f"{name} returned a per-token loss matrix: its token-mean over the "
             "mask was checked (aggregation not probed)"
         )
-    if not ran:
-        report.problems.append(f"{name} produced no usable output on any case; nothing to compare")
-        report.cases = [
-            {k: v for k, v in c.items() if k in ("name", "note", "ok")} for c in case_info
-        ]
-        return report
 
-    ref_full = [r for r in refs if all(ref_ok[i][r] for i in ran)]
+
+def _judge(spec: dict, expect: list[str], runs: _Runs, ran: list[int], report: CheckReport):
+    """Fill in the matches, the verdict, each case's mark and, on a failure, the differences."""
+    refs = spec["references"]
+    ref_full = [r for r in refs if all(runs.ref_ok[i][r] for i in ran)]
     report.matches = [refs[r]["label"] for r in ref_full]
     report.passed = bool(set(ref_full) & set(expect)) and not report.problems
+    closest = _closest(spec, expect, runs.grid_ok, ran)
+    for i, info in enumerate(runs.cases):  # per case: does an expected reference match?
+        if runs.ref_ok[i] is not None:
+            info["ok"] = any(runs.ref_ok[i][r] for r in expect)
+    if not report.passed and not report.problems:
+        _explain(spec, expect, runs, ran, closest, report, matched_any=bool(ref_full))
 
-    # the grid points the function reproduces (all cases, else the most cases)
+
+@dataclass
+class _Closest:
+    """The expected reference closest to the function (``ref``), the grid point that is closest
+    to it among those reproducing the most cases (``point``), the options of every grid point
+    that close (``yours``, per dimension), and whether they reproduce every case (``all_cases``)."""
+
+    ref: str
+    point: int
+    yours: dict[str, list[str]]
+    all_cases: bool
+
+
+def _closest(spec: dict, expect: list[str], grid_ok: list, ran: list[int]) -> _Closest:
+    """The closest expected reference, and the grid points (conventions) nearest to it among
+    those that reproduce the most cases (all of them, else as many as any does)."""
+    dims, refs = spec["dims"], spec["references"]
+    grid = list(itertools.product(*[[o["name"] for o in d["options"]] for d in dims]))
     counts = [sum(grid_ok[i][j] for i in ran) for j in range(len(grid))]
     best = max(counts)
     cand = [j for j in range(len(grid)) if counts[j] == best]
 
-    def options_of(j):
-        return dict(zip([d["name"] for d in dims], grid[j]))
-
     def distance(j, r):
-        o = options_of(j)
+        o = dict(zip([d["name"] for d in dims], grid[j]))
         return sum(1 for d, v in refs[r]["dims"].items() if v is not None and o[d] != v)
 
-    # closest expected reference, and the candidate grid point closest to it
     j_best, r_best = min(((j, r) for j in cand for r in expect), key=lambda jr: distance(*jr))
     target = [j for j in cand if distance(j, r_best) == distance(j_best, r_best)]
     yours = {d["name"]: sorted({grid[j][k] for j in target}) for k, d in enumerate(dims)}
+    return _Closest(r_best, j_best, yours, best == len(ran))
 
-    # per case: does the closest expected reference match?
-    for i in range(len(case_info)):
-        if ref_ok[i] is not None:
-            case_info[i]["ok"] = any(ref_ok[i][r] for r in expect)
 
-    if not report.passed and not report.problems:
-        text = {d["name"]: {o["name"]: o["text"] for o in d["options"]} for d in dims}
-        labels = {d["name"]: d["label"] for d in dims}
-        for d in dims:
-            dn = d["name"]
-            want = refs[r_best]["dims"].get(dn)
-            if want is None or want in yours[dn]:
-                continue
-            mine = " or ".join(text[dn][o] for o in yours[dn])
-            also = [
-                refs[r]["label"] for r in expect if r != r_best and refs[r]["dims"].get(dn) == want
-            ]
-            theirs = f"{refs[r_best]['label']} uses {text[dn][want]}"
-            if also:
-                theirs += f" (so do {', '.join(also)})"
-            report.differences.append(f"{labels[dn]}: yours is {mine}; {theirs}")
-        if best < len(ran):
-            miss = [i for i in ran if not grid_ok[i][j_best]]
-            for i in miss:
-                c = case_info[i]
-                exp = c["outs"][spec["cases"][i]["refs"][r_best]]
-                got = c["got"][0]
-                val, cmp, _ = exp[0]
-                report.differences.append(
-                    f"on case {c['name']!r} ({c['note']}) your output matches no known "
-                    f"convention: got {_fmt(torch.where(cmp, got, torch.nan))}, "
-                    f"{refs[r_best]['label']} gives {_fmt(torch.where(cmp, val, torch.nan))}"
-                )
-        if not report.differences:
-            report.differences.append(
-                f"your output differs from {refs[r_best]['label']} on the cases marked below"
-            )
-        if not ref_full:
-            desc = [
-                f"{labels[d['name']]}: " + " or ".join(text[d["name"]][o] for o in yours[d["name"]])
-                for d in dims
-                if len(yours[d["name"]]) < len(d["options"])
-            ]
-            if best == len(ran) and desc:
-                report.matches = ["no reference; your convention: " + "; ".join(desc)]
-        report.notes.append(f"closest expected reference: {refs[r_best]['label']}")
-    report.cases = [{k: v for k, v in c.items() if k in ("name", "note", "ok")} for c in case_info]
-    return report
+def _option_text(dim: dict, options) -> str:
+    """The prose of a dimension's option(s), joined with "or"."""
+    text = {o["name"]: o["text"] for o in dim["options"]}
+    return " or ".join(text[o] for o in options)
+
+
+def _explain(spec, expect, runs: _Runs, ran, closest: _Closest, report, *, matched_any: bool):
+    """The report's prose for a function that failed: each convention that differs from the
+    closest reference, each case no convention explains, and the function's own convention."""
+    dims, label = spec["dims"], spec["references"][closest.ref]["label"]
+    report.differences += _convention_differences(dims, spec["references"], expect, closest)
+    if not closest.all_cases:
+        report.differences += _unexplained_cases(spec, runs, ran, closest)
+    if not report.differences:
+        report.differences.append(f"your output differs from {label} on the cases marked below")
+    if not matched_any:
+        desc = [
+            f"{d['label']}: " + _option_text(d, closest.yours[d["name"]])
+            for d in dims
+            if len(closest.yours[d["name"]]) < len(d["options"])
+        ]
+        if closest.all_cases and desc:
+            report.matches = ["no reference; your convention: " + "; ".join(desc)]
+    report.notes.append(f"closest expected reference: {label}")
+
+
+def _convention_differences(dims, refs, expect, closest: _Closest) -> list[str]:
+    """One sentence per dimension where the function's convention is not the closest
+    reference's, naming the other expected references that share the reference's."""
+    r_best, out = closest.ref, []
+    for d in dims:
+        dn = d["name"]
+        want = refs[r_best]["dims"].get(dn)
+        if want is None or want in closest.yours[dn]:
+            continue
+        also = [refs[r]["label"] for r in expect if r != r_best and refs[r]["dims"].get(dn) == want]
+        theirs = f"{refs[r_best]['label']} uses {_option_text(d, [want])}"
+        if also:
+            theirs += f" (so do {', '.join(also)})"
+        out.append(f"{d['label']}: yours is {_option_text(d, closest.yours[dn])}; {theirs}")
+    return out
+
+
+def _unexplained_cases(spec, runs: _Runs, ran, closest: _Closest) -> list[str]:
+    """One sentence per case the closest convention does not reproduce: yours vs the reference."""
+    label, out = spec["references"][closest.ref]["label"], []
+    for i in ran:
+        if runs.grid_ok[i][closest.point]:
+            continue
+        c = runs.cases[i]
+        val, cmp, _ = c["outs"][spec["cases"][i]["refs"][closest.ref]][0]
+        got = c["got"][0]
+        out.append(
+            f"on case {c['name']!r} ({c['note']}) your output matches no known "
+            f"convention: got {_fmt(torch.where(cmp, got, torch.nan))}, "
+            f"{label} gives {_fmt(torch.where(cmp, val, torch.nan))}"
+        )
+    return out

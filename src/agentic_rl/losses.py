@@ -19,6 +19,7 @@ __all__ = [
     "resolve_agg_mode",
     "aggregate",
     "policy_loss",
+    "clip_region",
     "kl_penalty",
     "entropy_from_logits",
     "token_logprobs",
@@ -128,11 +129,11 @@ def policy_loss(
     with ``A[:, None]``).
 
     Returns ``(loss, metrics)``. Metrics (floats, over valid tokens): ``clip_ratio`` (fraction of
-    tokens whose clipped term was the active one, i.e. the gradient was cut), ``clip_ratio_low`` /
-    ``clip_ratio_high`` (split by which bound), ``dual_clip_ratio``, ``ratio_mean``, and
-    ``approx_kl`` (how far the update moved the policy: the k3 estimate of KL(old || new) from
-    tokens sampled by pi_old, ``rho - 1 - log rho``, whose expectation under pi_old is exactly that
-    KL).
+    tokens whose clipped term was the active one, i.e. the gradient was cut; which ones:
+    :func:`clip_region`), ``clip_ratio_low`` / ``clip_ratio_high`` (split by which bound),
+    ``dual_clip_ratio``, ``ratio_mean``, and ``approx_kl`` (how far the update moved the policy:
+    the k3 estimate of KL(old || new) from tokens sampled by pi_old, ``rho - 1 - log rho``, whose
+    expectation under pi_old is exactly that KL).
     """
     if epsilon_high is None:
         epsilon_high = epsilon
@@ -147,27 +148,58 @@ def policy_loss(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
     loss_mat = torch.maximum(unclipped, clipped)
-    dual_active = torch.zeros_like(loss_mat, dtype=torch.bool)
     if dual_clip is not None:
         bound = -advantages * dual_clip
-        dual_active = (advantages < 0) & (loss_mat > bound)
         loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, bound), loss_mat)
     loss = aggregate(loss_mat, mask, agg, norm_constant=norm_constant)
 
     with torch.no_grad():
         m = mask.to(loss_mat.dtype)
-        active = clipped > unclipped  # the clipped branch is the max: gradient through rho is zero
+        low, high, dual = clip_region(
+            ratio, advantages, epsilon=epsilon, epsilon_high=epsilon_high, dual_clip=dual_clip
+        )
         metrics = {
-            "clip_ratio": masked_mean(active.to(m.dtype), m).item(),
-            "clip_ratio_low": masked_mean((active & (ratio < 1.0 - epsilon)).to(m.dtype), m).item(),
-            "clip_ratio_high": masked_mean(
-                (active & (ratio > 1.0 + epsilon_high)).to(m.dtype), m
-            ).item(),
-            "dual_clip_ratio": masked_mean(dual_active.to(m.dtype), m).item(),
+            "clip_ratio": masked_mean((low | high).to(m.dtype), m).item(),
+            "clip_ratio_low": masked_mean(low.to(m.dtype), m).item(),
+            "clip_ratio_high": masked_mean(high.to(m.dtype), m).item(),
+            "dual_clip_ratio": masked_mean(dual.to(m.dtype), m).item(),
             "ratio_mean": masked_mean(ratio, m).item(),
             "approx_kl": masked_mean(ratio - 1.0 - log_ratio, m).item(),  # k3 of KL(old || new)
         }
     return loss, metrics
+
+
+def clip_region(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    *,
+    epsilon: float = 0.2,
+    epsilon_high: float | None = None,
+    dual_clip: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Which tokens :func:`policy_loss` cuts: boolean masks ``(low, high, dual)``, shaped like
+    ``ratio`` (the importance ratio ``rho``) broadcast with ``advantages``.
+
+    In ``l = max(-A * rho, -A * clip(rho, 1 - epsilon, 1 + epsilon_high))`` a token is *clipped*
+    when the clipped branch is strictly the larger one: ``l`` then does not depend on ``rho`` and
+    the token gets no gradient. That happens on one side only: ``low`` when ``A < 0`` and
+    ``rho < 1 - epsilon`` (the update already made the bad token rarer), ``high`` when ``A > 0``
+    and ``rho > 1 + epsilon_high`` (it already made the good token likelier); a token beyond a
+    bound on the other side keeps its gradient. ``dual`` (all False without ``dual_clip``) marks
+    the tokens with ``A < 0`` whose loss the dual-clip bound ``-dual_clip * A`` replaces (a ratio
+    above ``dual_clip``): no gradient either. The comparisons are the ones :func:`policy_loss`
+    makes, so its ``clip_ratio`` is the masked mean of ``low | high``.
+    """
+    if epsilon_high is None:
+        epsilon_high = epsilon
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - epsilon, 1.0 + epsilon_high)
+    active = clipped > unclipped  # the clipped branch is the max: gradient through rho is zero
+    low, high = active & (advantages < 0), active & (advantages > 0)
+    if dual_clip is None:
+        return low, high, torch.zeros_like(active)
+    loss_mat = torch.maximum(unclipped, clipped)
+    return low, high, (advantages < 0) & (loss_mat > -advantages * dual_clip)
 
 
 def kl_penalty(
