@@ -24,3 +24,29 @@ def test_package_lines_fit_the_page():
         if len(line) > MAX_LINE
     ]
     assert not long, f"{len(long)} lines over {MAX_LINE} characters:\n" + "\n".join(long)
+
+
+#: Rooms and functions small enough to read (the house issue): a module of at most ~650 lines, a
+#: function of at most 80. The one exception argues for itself in its docstring.
+MAX_MODULE, MAX_FUNCTION = 680, 80
+LONG_FUNCTIONS = {"multiturn.py:rollout_multiturn"}
+
+
+def test_modules_and_functions_stay_small():
+    import ast
+
+    big_modules, big_functions = [], []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if len(text.splitlines()) > MAX_MODULE:
+            big_modules.append(f"{path.relative_to(ROOT)}: {len(text.splitlines())} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION and f"{path.name}:{node.name}" not in LONG_FUNCTIONS:
+                    big_functions.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}")
+    assert not big_modules, big_modules
+    assert not big_functions, big_functions
+    for name in LONG_FUNCTIONS:  # the exception says why in its docstring
+        file, function = name.split(":")
+        assert "Why one long function" in (PACKAGE / file).read_text(encoding="utf-8"), name

@@ -283,6 +283,13 @@ def rollout_multiturn(
     ``reuse_cache=True`` keeps one KV cache across turns and feeds only new tokens;
     ``reuse_cache=False`` re-encodes the whole history at the start of every turn (the naive
     baseline). Both sample the same tokens for the same torch seed.
+
+    Why one long function (the package's only one over 80 lines, ``tests/test_style.py``): it is
+    the agent loop of four chapters, and its state lives across the turn loop (the KV cache kept
+    between turns, the preallocated token buffers, each episode's turn bookkeeping). Cut into
+    helpers, each would take and return a dozen of those mutable pieces, and the loop would no
+    longer read from top to bottom as the turn protocol does: sample to the stop word, step the
+    environments, append their answers, repeat.
     """
     B = len(envs)
     if len(seeds) != B:
