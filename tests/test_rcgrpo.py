@@ -113,7 +113,6 @@ def test_defaults_profiles_and_arms_are_valid():
         (dict(hard_fraction=-0.1), "hard_fraction"),
         (dict(demo_hard_fraction=1.5), "demo_hard_fraction"),
         (dict(demo_hard_fraction=-0.1), "demo_hard_fraction"),
-        (dict(advantage_estimator="gae"), "advantage_estimator"),
         (dict(max_turns=3), "max_turns"),
         (dict(max_action_tokens=3), "max_action_tokens"),
         (dict(high_token="<|high reward|>"), "high_token"),

@@ -217,8 +217,13 @@ def test_cache_reuse_and_re_encoding_sample_the_same_tokens(trained):
 
 
 def _logit_grads(trainer, batch):
-    """The gradient of the RL loss with respect to each position's logits."""
+    """The gradient of the RL loss with respect to each position's logits (on the plain path,
+    whose language-model head runs over every column, so that columns map to positions)."""
+    import dataclasses
+
     captured = {}
+    config = trainer.config
+    trainer.config = dataclasses.replace(config, share_prompt_prefix=False, skip_prompt_logits=False)
 
     def keep(module, inputs, output):
         output.retain_grad()
@@ -233,6 +238,7 @@ def _logit_grads(trainer, batch):
         loss.backward()
     finally:
         handle.remove()
+        trainer.config = config
     # logits at column t-1 predict token t
     g = captured["logits"].grad.abs().sum(-1)
     return torch.nn.functional.pad(g[:, :-1], (1, 0))
