@@ -18,8 +18,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-#: The tiny Llama every unit test uses (about 20k parameters).
-TINY_MODEL = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+from testkit import TINY_MODEL, fake_generate  # noqa: E402,F401  (shared with the test files)
 
 
 @pytest.fixture(scope="session")
@@ -107,18 +106,3 @@ def built_book(tmp_path_factory):
             done.write_text(json.dumps({"returncode": proc.returncode, "log": log}))
         result = json.loads(done.read_text())
     return Build(result["returncode"], result["log"], out / "_build" / "html")
-
-
-def fake_generate(tokenizer, completions, width=None):
-    """A ``generate`` that returns the given completions (lists of tokens) after the prompt,
-    right-padded to ``width`` (default: the longest completion)."""
-    width = width or max(len(c) for c in completions)
-
-    def generate(input_ids, attention_mask, **kwargs):
-        rows = []
-        for c in completions:
-            ids = tokenizer.convert_tokens_to_ids(c)
-            rows.append(ids + [tokenizer.pad_token_id] * (width - len(ids)))
-        return torch.cat([input_ids, torch.tensor(rows, dtype=input_ids.dtype)], dim=1)
-
-    return generate

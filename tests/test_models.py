@@ -21,7 +21,7 @@ from agentic_rl.models import (
     load_pretrained,
 )
 
-from conftest import TINY_MODEL
+from testkit import TINY_MODEL
 
 PROMPT = "7 4 + 8 3 ="  # 47 + 38, least-significant digit first
 

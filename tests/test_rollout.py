@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import fake_generate
+from testkit import fake_generate
 
 from agentic_rl.envs import Problem
 from agentic_rl.rollout import Batch, build_sft_batch, encode_prompts, generate_batch, sequence_logprobs

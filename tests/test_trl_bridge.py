@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from conftest import fake_generate
+from testkit import fake_generate
 
 from agentic_rl.grpo import GRPOConfig
 from agentic_rl.envs import AdditionTask, SumsTask
