@@ -50,7 +50,7 @@ from transformers.cache_utils import DynamicLayer
 
 from .rollout import Batch, sequence_logprobs
 
-__all__ = ["rollout_multiturn"]
+__all__ = ["rollout_multiturn", "environment_tokens", "unmask_environment_tokens"]
 
 
 class _Buffer:
@@ -513,3 +513,33 @@ def rollout_multiturn(
         finally:
             ref_model.train(ref_training)
     return batch
+
+
+def environment_tokens(batch: Batch) -> torch.Tensor:
+    """``[B, T]`` bool: the environment's tokens after the policy's first action.
+
+    They are the real tokens (``attention_mask`` 1) that the policy did not sample (``loss_mask``
+    0) and that come after its first sampled token: every observation the environment appended
+    (ReTool's interpreter output, RAGEN's later states). The first observation is the prompt and is
+    not included.
+    """
+    sampled = batch.loss_mask.bool()
+    after_first = sampled.long().cumsum(1) > 0
+    return batch.attention_mask.bool() & ~sampled & after_first
+
+
+@torch.no_grad()
+def unmask_environment_tokens(batch: Batch, model, *, temperature: float = 1.0) -> torch.Tensor:
+    """Train the environment's tokens as if the policy had written them: give them ``loss_mask`` 1
+    (ReTool's unmasked ablation; RAGEN's paper-era loss mask). Returns their ``[B, T]`` mask, also
+    kept in ``batch.extras["env_tokens"]``.
+
+    PPO's ratio needs their "old" log-probs: one forward of the current policy (which never chose
+    them; the rollout only recorded the log-probs of the tokens it sampled).
+    """
+    env = environment_tokens(batch)
+    old = sequence_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
+    batch.old_logprobs = torch.where(env, old, batch.old_logprobs)
+    batch.loss_mask = batch.loss_mask | env.long()
+    batch.extras["env_tokens"] = env
+    return env

@@ -168,30 +168,21 @@ class ReToolConfig(AgentFields, CriticFields):
 
 
 def interpreter_tokens(batch: Batch) -> torch.Tensor:
-    """``[B, T]`` bool: the environment's tokens after the prompt (the interpreter's output).
+    """``[B, T]`` bool: the interpreter's output, which is all the environment appends here
+    (:func:`~agentic_rl.multiturn.environment_tokens`: the real tokens the policy did not sample,
+    after its first sampled token)."""
+    from .multiturn import environment_tokens  # transformers is imported on first use
 
-    They are the real tokens (``attention_mask`` 1) that the policy did not sample
-    (``loss_mask`` 0) and that come after its first sampled token: everything the tool appended.
-    """
-    sampled = batch.loss_mask.bool()
-    after_first = sampled.long().cumsum(1) > 0
-    return batch.attention_mask.bool() & ~sampled & after_first
+    return environment_tokens(batch)
 
 
-@torch.no_grad()
 def unmask_interpreter(batch: Batch, model, *, temperature: float = 1.0) -> torch.Tensor:
     """The ablation: give the interpreter's tokens ``loss_mask`` 1, as if the policy had sampled
-    them. Returns the ``[B, T]`` mask of those tokens.
+    them, with their "old" log-probs from one forward of the current policy
+    (:func:`~agentic_rl.multiturn.unmask_environment_tokens`). Returns their ``[B, T]`` mask."""
+    from .multiturn import unmask_environment_tokens
 
-    PPO's ratio needs their "old" log-probs: one forward of the current policy (which never chose
-    them; the rollout only recorded the log-probs of tokens it sampled).
-    """
-    tool = interpreter_tokens(batch)
-    old = sequence_logprobs(model, batch.input_ids, batch.attention_mask, temperature=temperature)
-    batch.old_logprobs = torch.where(tool, old, batch.old_logprobs)
-    batch.loss_mask = batch.loss_mask | tool.long()
-    batch.extras["tool_tokens"] = tool
-    return tool
+    return unmask_environment_tokens(batch, model, temperature=temperature)
 
 
 def gradient_share(trainer: "ReToolTrainer", batch: Batch, advantages: torch.Tensor) -> float:
@@ -202,7 +193,7 @@ def gradient_share(trainer: "ReToolTrainer", batch: Batch, advantages: torch.Ten
     normaliser, so that ``g_I + g_P`` is the gradient of the step's loss). 0 when the mask is on:
     they get no loss.
     """
-    tool = batch.extras.get("tool_tokens")
+    tool = batch.extras.get("env_tokens")
     if tool is None or not bool(tool.any()):
         return 0.0
     c, model = trainer.config, trainer.model
