@@ -330,3 +330,38 @@ def test_unknown_kl_kind_raises():
     x = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError):
         kl_penalty(x, x, "k4")
+
+
+def _expected_loss_gradient(kind: str, *, in_reward: bool = False) -> tuple:
+    """Exact E_{y ~ pi}[gradient] over a 5-word softmax, of each KL estimator used as a loss
+    term (its value differentiated, the sample held fixed: what autograd does with beta * k(y)),
+    or put into the reward (REINFORCE: k(y) * grad log pi(y), as verl's use_kl_in_reward).
+    Returns (that expectation, grad KL(pi || ref), grad KL(ref || pi)), all w.r.t. the logits."""
+    z = torch.tensor([0.3, -1.2, 0.8, 0.0, 0.5], dtype=F64, requires_grad=True)
+    ref = torch.softmax(torch.tensor([1.0, 0.2, -0.4, 0.1, -0.9], dtype=F64), 0)
+    logp = torch.log_softmax(z, 0)
+    pi = logp.exp().detach()
+    expected = torch.zeros(5, dtype=F64)
+    for y in range(5):
+        k = kl_penalty(logp[y : y + 1][None], ref.log()[y : y + 1][None], kind)[0, 0]
+        surrogate = k.detach() * logp[y] if in_reward else k
+        (grad,) = torch.autograd.grad(surrogate, z, retain_graph=True)
+        expected += pi[y] * grad
+    forward = torch.autograd.grad((logp.exp() * (logp - ref.log())).sum(), z)[0]
+    reverse = torch.autograd.grad((ref * (ref.log() - torch.log_softmax(z, 0))).sum(), z)[0]
+    return expected, forward, reverse
+
+
+def test_kl_estimators_as_loss_terms_expected_gradients():
+    # the pitfall of the StarPO chapter: k1 as a loss term has zero expected gradient (its
+    # gradient is beta * grad log pi(y), whose mean under pi is 0), whatever beta
+    k1, forward, reverse = _expected_loss_gradient("k1")
+    assert forward.abs().max() > 0.1 and reverse.abs().max() > 0.1  # the policies differ
+    assert_close(k1, torch.zeros(5, dtype=F64))
+    # k2 = x^2 / 2 as a loss: exactly the gradient of KL(pi || ref)
+    assert_close(_expected_loss_gradient("k2")[0], forward)
+    # k3 as a loss (GRPO's): the gradient of the *reverse* KL(ref || pi), not KL(pi || ref)
+    assert_close(_expected_loss_gradient("k3")[0], reverse)
+    assert (reverse - forward).abs().max() > 0.05
+    # k1 in the reward (RAGEN's paper-era code, verl's use_kl_in_reward): grad KL(pi || ref)
+    assert_close(_expected_loss_gradient("k1", in_reward=True)[0], forward)

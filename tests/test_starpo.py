@@ -3,6 +3,7 @@ entropy bonus, the indicators, and the recipe on every environment."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 
@@ -207,3 +208,66 @@ def test_starpo_ppo_with_a_critic_runs_and_filters_whole_groups():
     assert t.critic is not None
     row = t.rl_step()
     assert row["kept_groups"] == 0.5 and math.isfinite(row["value_loss"])
+
+
+def _moved_policy(**overrides) -> tuple[StarPOTrainer, Batch]:
+    """A trainer one RL step away from pi_ref (so the KL is not zero), and a fresh rollout."""
+    setup(0)
+    t = StarPOTrainer(tiny(env="frozenlake", learning_rate=1e-2, **overrides))
+    t.rl_step()
+    return t, t.rollout()
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_kl_in_reward_shapes_the_advantages_and_leaves_the_loss(estimator):
+    from agentic_rl.advantages import group_advantages
+    from agentic_rl.losses import kl_penalty
+
+    t, batch = _moved_policy(
+        beta=0.5, kl_estimator="k1", kl_in_reward=True, advantage_estimator=estimator
+    )
+    penalty = t.kl_reward_penalty(batch)
+    want = 0.5 * kl_penalty(batch.old_logprobs, batch.ref_logprobs, "k1") * batch.loss_mask
+    assert torch.allclose(penalty, want) and penalty.abs().sum() > 1e-4
+    adv = t.compute_advantages(batch)
+    if estimator == "grpo":  # the episode's score minus beta * sum_t k1(t), then the group
+        shaped = group_advantages(batch.scores - want.sum(1), batch.group_id, scale="group")
+        assert torch.allclose(adv, shaped[:, None] * batch.loss_mask)
+    with_reward_kl, _ = t.compute_loss(batch, adv)
+    t.config = dataclasses.replace(t.config, kl_in_reward=False, beta=0.0)
+    no_kl, _ = t.compute_loss(batch, adv)  # the loss has no KL term when the KL is in the reward
+    assert with_reward_kl.item() == pytest.approx(no_kl.item(), abs=1e-7)
+    assert not torch.allclose(adv, t.compute_advantages(batch))  # the penalty moved them
+
+
+def test_training_the_observation_tokens_puts_the_later_states_in_the_loss():
+    from agentic_rl.multiturn import environment_tokens
+
+    setup(0)
+    masked = StarPOTrainer(tiny(env="frozenlake", max_steps=1)).rollout()
+    setup(0)
+    t = StarPOTrainer(tiny(env="frozenlake", max_steps=1, mask_observations=False))
+    batch = t.rollout()
+    env = batch.extras["env_tokens"]
+    assert torch.equal(env, environment_tokens(masked)) and env.any()
+    assert torch.equal(batch.loss_mask.bool(), masked.loss_mask.bool() | env)
+    # their old log-probs are the policy's (it never sampled them): finite, negative
+    assert bool((batch.old_logprobs[env] < 0).all())
+    assert math.isfinite(t.rl_step()["loss"])
+
+
+def test_cli_takes_the_critic_and_kl_in_reward_and_refuses_bad_values(tmp_path, capsys):
+    argv = ["starpo", "--advantage-estimator", "gae", "--kl-in-reward", "true", "--beta", "0.001"]
+    for k, v in TINY.items():
+        argv += [f"--{k.replace('_', '-')}", str(v).lower() if isinstance(v, bool) else str(v)]
+    assert main([*argv, "--output-dir", str(tmp_path / "run")]) == 0
+    assert (tmp_path / "run" / "metrics.csv").exists()
+    capsys.readouterr()
+    for extra, why in (
+        (["--beta", "0"], "kl_in_reward: needs beta > 0"),
+        (["--mask-observations", "false"], "mask_observations: has nothing to unmask on the bandit"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main([*argv, *extra, "--output-dir", str(tmp_path / "bad")])
+        assert exit_.value.code == 2 and why in capsys.readouterr().err
+        assert not (tmp_path / "bad").exists()  # refused before anything was written

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from . import distributed as dist
-from .advantages import explained_variance, gae, group_advantages, masked_mean, masked_whiten
+from .advantages import explained_variance, gae, masked_mean, masked_whiten
 from .config import FULL_MODEL, AgentFields, CriticFields, FrozenLakeFields, _f, defaults
 from .envs import make_env
 from .losses import aggregate
@@ -296,9 +296,11 @@ class AgentTrainer(Trainer):
         c = self.config
         mask = batch.loss_mask
         if c.advantage_estimator == "grpo":
-            adv = group_advantages(batch.scores, batch.group_id, scale=c.scale_rewards)
-            return adv[:, None] * mask
+            return super().compute_advantages(batch)
         rewards = batch.token_rewards + batch.extras.get("bootstrap_rewards", 0.0)
+        penalty = self.kl_reward_penalty(batch)  # kl_in_reward: r_t - beta * k(t), per token
+        if penalty is not None:
+            rewards = rewards - penalty
         advantages, returns = gae(rewards, batch.values, mask, gamma=c.gamma, lam=c.lam)
         batch.extras["returns"] = returns
         if c.whiten_advantages:

@@ -190,6 +190,12 @@ class RLConfig:
     kl_estimator: str = _f(
         "k3", "KL estimator in the loss: 'k1', 'k2' or 'k3' (DeepSeekMath and TRL use k3)."
     )
+    kl_in_reward: bool = _f(
+        False,
+        "Put the KL into the reward instead of the loss (verl's use_kl_in_reward, RAGEN's "
+        "paper-era code): r - beta * k(t) on every trained token, before the advantages. As a "
+        "loss term, k1's expected gradient is zero whatever beta (chapter StarPO).",
+    )
     log_kl: bool = _f(
         False,
         "Keep pi_ref and log the KL to it even when beta = 0 (one extra forward pass per step, "
@@ -405,6 +411,8 @@ class RLConfig:
             )
         if self.beta < 0:
             bad("beta", "must be >= 0")
+        if self.kl_in_reward and self.beta == 0:
+            bad("kl_in_reward", "needs beta > 0: beta is the penalty's coefficient")
         if self.entropy_coeff < 0:
             bad("entropy_coeff", "must be >= 0 (a bonus for entropy, not a penalty)")
         if not 0 <= self.epsilon < 1:

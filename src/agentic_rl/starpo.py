@@ -150,6 +150,12 @@ class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
     max_sample_rounds: int = _f(
         4, "Dynamic sampling: at most this many rollout rounds per step to refill the batch."
     )
+    mask_observations: bool = _f(
+        True,
+        "No loss on the environment's tokens (the states after the first action; RAGEN's later "
+        "code: enable_response_mask). False trains them as if the policy had written them, as "
+        "RAGEN's paper runs did ('jointly optimized').",
+    )
 
     @classmethod
     def from_profile(cls, profile: str = "quick", **overrides):
@@ -176,6 +182,8 @@ class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
         self._at_least(("max_sample_rounds",), 1)
         if not 5 <= self.room_size <= 10:
             self._bad("room_size", "must be between 5 and 10 (a 2 x 2 inside has only corners)")
+        if not self.mask_observations and self.env == "bandit":
+            self._bad("mask_observations", "has nothing to unmask on the bandit (one turn)")
         if self.rollout_filter in ("top_k", "top_p", "dynamic") and self.num_generations < 2:
             self._bad("num_generations", "a group filter needs groups of at least 2")
         # each action is one token, separators too, and the stop word closes the turn
@@ -256,10 +264,19 @@ class StarPOTrainer(AgentTrainer):
 
     def rollout(self) -> Batch:
         """P seeds x N trajectories; with ``rollout_filter="dynamic"``, DAPO's refill: more seeds
-        are played (up to ``max_sample_rounds`` rounds) until P groups have reward spread."""
+        are played (up to ``max_sample_rounds`` rounds) until P groups have reward spread. With
+        ``mask_observations=False`` the later states join the loss (RAGEN's paper runs)."""
         c = self.config
-        if c.rollout_filter != "dynamic":
-            return super().rollout()
+        dynamic = c.rollout_filter == "dynamic"
+        batch = self._refilled_rollout() if dynamic else super().rollout()
+        if not c.mask_observations:
+            from .multiturn import unmask_environment_tokens  # imports transformers
+
+            unmask_environment_tokens(batch, self.model, temperature=c.temperature)
+        return batch
+
+    def _refilled_rollout(self) -> Batch:
+        c = self.config
         kept, rounds, need = [], 0, c.prompts_per_step * c.num_generations
         while rounds < c.max_sample_rounds and sum(len(b) for b in kept) < need:
             rounds += 1

@@ -25,6 +25,8 @@ hook                                        when it runs, what it returns
 ``evaluate(self) -> dict``                  before and after RL: held-out numbers (required)
 ``compute_advantages(self, batch)``         each RL step: ``[B, T]`` (default: GRPO's group
                                             advantage, broadcast to the generated tokens)
+``kl_reward_penalty(self, batch)``          inside ``compute_advantages``: ``beta * k(t)`` per
+                                            token when ``kl_in_reward``, else ``None``
 ``filter_rows(self, batch)``                each RL step: a ``[B]`` keep-mask or ``None`` (all)
 ``minibatches(self, n)``                    each pass: row indices per gradient step
 ``compute_loss(self, batch, adv, *, outputs=None)``  each gradient step: ``(loss, metrics)``
@@ -329,8 +331,27 @@ class Trainer:
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
         """GRPO (eq. grpo-adv): one group-normalised scalar per completion,
         copied to its tokens ``[B, T]``."""
-        adv = group_advantages(batch.scores, batch.group_id, scale=self.config.scale_rewards)
+        scores = batch.scores
+        penalty = self.kl_reward_penalty(batch)
+        if penalty is not None:
+            scores = scores - penalty.sum(1)
+        adv = group_advantages(scores, batch.group_id, scale=self.config.scale_rewards)
         return adv[:, None] * batch.loss_mask
+
+    @torch.no_grad()
+    def kl_reward_penalty(self, batch: Batch) -> torch.Tensor | None:
+        """``[B, T]``: ``beta * k(t)`` on every trained token when the KL goes into the reward
+        (``kl_in_reward``: verl's ``apply_kl_penalty``, ``r_t - beta * kld_t``); ``None`` when it is
+        a loss term. k is the ``kl_estimator`` at the policy that sampled (pi_old)."""
+        c = self.config
+        if not c.kl_in_reward:
+            return None
+        old = batch.old_logprobs
+        if old is None:  # one on-policy step: the rollout did not record them
+            old = sequence_logprobs(
+                self.model, batch.input_ids, batch.attention_mask, temperature=c.temperature
+            )
+        return c.beta * kl_penalty(old, batch.ref_logprobs, c.kl_estimator) * batch.loss_mask
 
     def filter_rows(self, batch: Batch) -> torch.Tensor | None:
         """The filter stage between advantages and loss: a ``[B]`` keep-mask, or ``None`` to
@@ -361,7 +382,7 @@ class Trainer:
             epsilon_high=c.epsilon_high, dual_clip=c.dual_clip, agg=c.agg_mode,
             norm_constant=norm,
         )  # fmt: skip
-        if c.beta > 0:
+        if c.beta > 0 and not c.kl_in_reward:  # (in the reward: see kl_reward_penalty)
             kl = kl_penalty(logprobs, batch.ref_logprobs, c.kl_estimator)
             loss = loss + c.beta * aggregate(kl, batch.loss_mask, c.agg_mode, norm_constant=norm)
         if c.entropy_coeff > 0:  # the entropy bonus (verl: pg_loss - entropy_coeff * entropy)

@@ -4,11 +4,13 @@ It runs the code cells tagged ``graded`` of ``starpo_assignment.ipynb`` (or of t
 by ``$ASSIGNMENT_NOTEBOOK``) and checks the functions they define against ``agentic_rl.filters``
 and ``agentic_rl.starpo`` and against the behaviour the RAGEN chapter describes. Each failure is
 one sentence naming the function. The bandit simulation that ``expected_bandit_gradient`` is
-graded against is not in the package: the grader's own copy (``_bandit_reference``) is below.
-"""
+graded against is not in the package: the grader's own copy (``_bandit_reference``) is below, with
+the dragon's coin shared by a group's rollouts (``coin="shared"``, as ``BanditEnv`` and RAGEN draw
+it from the group's seed) or flipped per rollout (``coin="independent"``)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 import pathlib
@@ -236,14 +238,18 @@ def test_reward_std_filter_matches_the_package_on_random_batches(ns):
         k += 1
 
 
-def _train_bandit(keep_rows, steps=60, lr=0.1, seed=0):
-    """GRPO on the dragon's logit, 8 groups of 8 pulls a step; returns P(dragon) at the end."""
+def _train_bandit(keep_rows, steps=60, lr=0.1, seed=0, coin="shared"):
+    """GRPO on the dragon's logit, 8 groups of 8 pulls a step; returns P(dragon) at the end. The
+    dragon's coin is one per group (``coin="shared"``, the environment's) or one per rollout."""
     gen = torch.Generator().manual_seed(seed)
     z, ids = 0.0, torch.arange(8).repeat_interleave(8)
     for _ in range(steps):
         p = 1 / (1 + math.exp(-z))
         dragon = torch.rand(64, generator=gen, dtype=torch.float64) < p
-        wins = torch.rand(64, generator=gen, dtype=torch.float64) < 0.25
+        if coin == "shared":
+            wins = (torch.rand(8, generator=gen, dtype=torch.float64) < 0.25).repeat_interleave(8)
+        else:
+            wins = torch.rand(64, generator=gen, dtype=torch.float64) < 0.25
         r = torch.where(dragon, wins.double(), 0.15)
         groups = r.view(8, 8)
         adv = ((groups - groups.mean(1, keepdim=True))
@@ -258,18 +264,23 @@ def _train_bandit(keep_rows, steps=60, lr=0.1, seed=0):
     return 1 / (1 + math.exp(-z))
 
 
+COIN_WORDS = {"shared": "one coin per group, as the environment draws it",
+              "independent": "one coin per rollout"}
+
+
+@pytest.mark.parametrize("coin", ["shared", "independent"])
 @pytest.mark.parametrize("kwargs", [dict(strategy="top_k", value=0.25),
                                     dict(strategy="top_p", value=0.5)],
                          ids=["top_k-0.25", "top_p-0.5"])
-def test_reward_std_filter_makes_grpo_pick_the_dragon(ns, kwargs):
-    plain = _train_bandit(lambda r, ids: torch.ones_like(r, dtype=torch.bool))
-    mine = _train_bandit(lambda r, ids: call(ns, "reward_std_filter", r, ids, **kwargs))
+def test_reward_std_filter_makes_grpo_pick_the_dragon(ns, kwargs, coin):
+    plain = _train_bandit(lambda r, ids: torch.ones_like(r, dtype=torch.bool), coin=coin)
+    mine = _train_bandit(lambda r, ids: call(ns, "reward_std_filter", r, ids, **kwargs), coin=coin)
     name = f"{kwargs['strategy']} {kwargs['value']}"
     if not mine > 0.8:
         fail(f"with your `reward_std_filter` ({name}), 60 GRPO steps on the two-armed bandit (8 "
-             f"groups of 8 pulls a step, std-normalised advantages, lr 0.1 on the dragon's logit) "
-             f"should raise P(dragon) from 0.5 to above 0.8, as the chapter's StarPO-S does; it "
-             f"ended at {mine:.3f} (without any filter: {plain:.3f})")
+             f"groups of 8 pulls a step, {COIN_WORDS[coin]}, std-normalised advantages, lr 0.1 "
+             f"on the dragon's logit) should raise P(dragon) from 0.5 to above 0.8, as the "
+             f"chapter's StarPO-S does; it ended at {mine:.3f} (without any filter: {plain:.3f})")
 
 
 # --- Task 2: distinct_per_group -----------------------------------------------------------------
@@ -333,13 +344,15 @@ def test_distinct_per_group_matches_the_package(ns):
 
 
 def _bandit_reference(p, group_size, *, low_payoff=0.15, scale="group", keep_fraction=1.0,
-                      num_groups=8, samples=20000, seed=0, ddof=1):
-    """The grader's simulation: ``(mean of g over the batches, its standard error)``. ``ddof=0``
-    (the biased std) only to recognise that mistake."""
+                      num_groups=8, samples=20000, seed=0, coin="shared", ddof=1):
+    """The grader's simulation: ``(mean of g over the batches, its standard error)``. The dragon's
+    coin is one per group (``coin="shared"``, the environment's and RAGEN's: a group's rollouts
+    share the episode seed) or one per rollout (``"independent"``). ``ddof=0`` (the biased std)
+    only to recognise that mistake."""
     rng = np.random.default_rng(seed)
     shape = (samples, num_groups, group_size)
     pulls = rng.random(shape) < p
-    wins = rng.random(shape) < 0.25
+    wins = rng.random((samples, num_groups, 1) if coin == "shared" else shape) < 0.25
     rewards = np.where(pulls, wins.astype(float), low_payoff)
     centred = rewards - rewards.mean(-1, keepdims=True)
     std = rewards.std(-1, ddof=ddof)
@@ -351,17 +364,42 @@ def _bandit_reference(p, group_size, *, low_payoff=0.15, scale="group", keep_fra
     return float(per_batch.mean()), float(per_batch.std(ddof=1) / math.sqrt(samples))
 
 
+def _expected_pull_std(p, group_size) -> float:
+    """E[s_x], the unbiased std of the group's pull indicators: k ~ Binomial(G, p) dragons give
+    s_x = sqrt(k (G - k) / (G (G - 1)))."""
+    n = group_size
+    return sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k)
+               * math.sqrt(k * (n - k) / (n * (n - 1))) for k in range(n + 1))
+
+
 def _describe(p, group_size, kwargs) -> str:
     scale, keep = kwargs.get("scale", "group"), kwargs.get("keep_fraction", 1.0)
     words = "GRPO (scale='group')" if scale == "group" else "Dr. GRPO (scale='none')"
     words += " without a filter" if keep == 1.0 else (
         f" with the filter (keep_fraction={keep:g}: the most uncertain groups)")
-    extra = [f"{k}={v}" for k, v in kwargs.items() if k not in ("scale", "keep_fraction")]
+    if "coin" in kwargs:
+        words += f", {COIN_WORDS[kwargs['coin']]} (coin='{kwargs['coin']}')"
+    else:
+        words += ", coin left at its default (which must be 'shared': one coin per group)"
+    extra = [f"{k}={v}" for k, v in kwargs.items() if k not in ("scale", "keep_fraction", "coin")]
     return (f"{words}, p={p}, group_size={group_size}"
             + (", " + ", ".join(extra) if extra else ""))
 
 
+def _takes_coin(fn) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return True  # not inspectable: let the call say what is wrong
+    return "coin" in params or any(q.kind is q.VAR_KEYWORD for q in params.values())
+
+
 def _estimate(ns, p, group_size, **kwargs) -> float:
+    fn = ns.get("expected_bandit_gradient")
+    if "coin" in kwargs and callable(fn) and not _takes_coin(fn):
+        fail("`expected_bandit_gradient` does not take the keyword argument `coin`: add "
+             "coin=\"shared\" to its signature (one coin per group, the default, as the "
+             "environment draws it; \"independent\": one coin per rollout)")
     got = call(ns, "expected_bandit_gradient", p, group_size, **kwargs)
     if isinstance(got, bool) or not isinstance(got, numbers.Real):
         fail(f"`expected_bandit_gradient` should return a Python float for "
@@ -372,19 +410,37 @@ def _estimate(ns, p, group_size, **kwargs) -> float:
     return float(got)
 
 
+def _coin_hint(got, want, tol, p, group_size, kwargs) -> str:
+    """A sentence when ``got`` matches the other coin's simulation and not this one's."""
+    coin = kwargs.get("coin", "shared")
+    other = "independent" if coin == "shared" else "shared"
+    theirs, _ = _bandit_reference(p, group_size, **dict(kwargs, coin=other))
+    if abs(got - theirs) > tol or abs(theirs - want) <= 2 * tol:
+        return ""
+    if coin == "shared":
+        return (" It matches one coin per rollout (coin='independent'): with coin='shared', the "
+                "default, draw one coin per group, wins of shape (samples, num_groups, 1), and "
+                "broadcast it over the group's rollouts.")
+    return (" It matches one coin per group (coin='shared'): with coin='independent', draw one "
+            "coin per rollout, wins of shape (samples, num_groups, group_size).")
+
+
 def _check_bandit(ns, p, group_size, sign=None, why="", **kwargs):
     got = _estimate(ns, p, group_size, **kwargs)
     want, se = _bandit_reference(p, group_size, **kwargs)
     tol = 5 * math.sqrt(2) * se + 1e-9  # two independent estimates, 5 standard errors
     what = _describe(p, group_size, kwargs)
     if sign is not None and not got * sign > 0:
+        hint = _coin_hint(got, want, tol, p, group_size, kwargs)
         fail(f"`expected_bandit_gradient` has the wrong sign for {what}: it gave {got:+.4f}, "
              f"expected a {'positive' if sign > 0 else 'negative'} E[g] ({why}; the grader's "
-             f"simulation gives {want:+.4f})")
+             f"simulation gives {want:+.4f}).{hint}")
     if abs(got - want) > tol:
-        hints = []
+        hints = [_coin_hint(got, want, tol, p, group_size, kwargs)]
         k = max(1, int(kwargs.get("keep_fraction", 1.0) * kwargs.get("num_groups", 8)))
-        if abs(got + want) <= tol:
+        if hints[0]:
+            pass  # the coin explains it
+        elif abs(got + want) <= tol:
             hints.append(" Its sign is flipped: g uses 1{dragon} - p, the derivative of log pi(a) "
                          "with respect to the dragon's logit.")
         elif abs(got * group_size - want) <= tol * group_size:
@@ -403,52 +459,94 @@ def _check_bandit(ns, p, group_size, sign=None, why="", **kwargs):
              f"{''.join(hints)}")
 
 
-def test_bandit_grpo_drifts_to_the_phoenix_for_groups_of_8(ns):
-    _check_bandit(ns, 0.5, 8, sign=-1, why="with groups of 8, dividing by the group's std makes "
-                  "GRPO push toward the safe arm although the dragon pays more on average")
+@pytest.mark.parametrize("p,group_size", [(0.5, 8), (0.9, 8), (0.5, 16), (0.9, 16)],
+                         ids=["p0.5-G8", "p0.9-G8", "p0.5-G16", "p0.9-G16"])
+def test_bandit_grpo_drifts_to_the_phoenix_with_a_shared_coin(ns, p, group_size):
+    _check_bandit(ns, p, group_size, sign=-1, why="with one coin per group a group's rewards are "
+                  "affine in its pulls, so the std-normalised advantage keeps only the sign of "
+                  "the coin, which the dragon loses in three groups out of four: the drift is "
+                  "negative at every p and every group size", coin="shared")
 
 
-def test_bandit_filter_reverses_the_drift(ns):
-    _check_bandit(ns, 0.5, 8, sign=+1, why="keeping only the most uncertain quarter of the "
-                  "groups, StarPO-S's filter, pushes toward the dragon", keep_fraction=0.25)
+def test_bandit_grpo_drifts_to_the_phoenix_with_independent_coins_in_groups_of_8(ns):
+    _check_bandit(ns, 0.5, 8, sign=-1, why="with one coin per rollout and groups of 8, dividing "
+                  "by the group's std still makes GRPO push toward the safe arm although the "
+                  "dragon pays more on average", coin="independent")
 
 
-def test_bandit_dr_grpo_goes_to_the_dragon(ns):
+def test_bandit_independent_coins_in_groups_of_16_go_to_the_dragon(ns):
+    _check_bandit(ns, 0.5, 16, sign=+1, why="with one coin per rollout, groups of 16 rarely have "
+                  "no paying dragon, and at p=0.5 GRPO drifts toward the dragon",
+                  coin="independent")
+
+
+@pytest.mark.parametrize("p,group_size,coin", [(0.5, 8, "shared"), (0.5, 8, "independent"),
+                                               (0.9, 16, "shared")],
+                         ids=["p0.5-G8-shared", "p0.5-G8-independent", "p0.9-G16-shared"])
+def test_bandit_filter_reverses_the_drift(ns, p, group_size, coin):
+    _check_bandit(ns, p, group_size, sign=+1, why="keeping only the most uncertain quarter of the "
+                  "groups, StarPO-S's filter, pushes toward the dragon", keep_fraction=0.25,
+                  coin=coin)
+
+
+@pytest.mark.parametrize("coin", ["shared", "independent"])
+def test_bandit_dr_grpo_goes_to_the_dragon(ns, coin):
     _check_bandit(ns, 0.5, 8, sign=+1, why="without the std, the update follows the expected "
-                  "reward, and the dragon pays more", scale="none")
+                  "reward, and the dragon pays more", scale="none", coin=coin)
 
 
-def test_bandit_dr_grpo_closed_form(ns):
+@pytest.mark.parametrize("coin", ["shared", "independent"])
+def test_bandit_dr_grpo_closed_form(ns, coin):
     for p, group_size, low in ((0.5, 8, 0.15), (0.2, 4, 0.1), (0.9, 16, 0.15)):
-        kwargs = dict(low_payoff=low, scale="none")
+        kwargs = dict(low_payoff=low, scale="none", coin=coin)
         got = _estimate(ns, p, group_size, **kwargs)
         exact = (group_size - 1) * p * (1 - p) * (0.25 - low)
         _, se = _bandit_reference(p, group_size, **kwargs)
         if abs(got - exact) > 5 * se + 1e-9:
             fail(f"`expected_bandit_gradient` is wrong for {_describe(p, group_size, kwargs)}: "
                  f"it gave {got:+.4f}, but without the std E[g] = (G - 1) p (1 - p) (0.25 - "
-                 f"low_payoff) = {exact:+.4f} exactly (+- {5 * se:.4f} for a 20,000-batch "
-                 f"estimate)")
+                 f"low_payoff) = {exact:+.4f} exactly, with either coin (+- {5 * se:.4f} for a "
+                 f"20,000-batch estimate)")
+
+
+def test_bandit_shared_coin_closed_form(ns):
+    for p, group_size, low in ((0.5, 8, 0.15), (0.1, 16, 0.15), (0.9, 4, 0.1)):
+        kwargs = dict(low_payoff=low, coin="shared")
+        got = _estimate(ns, p, group_size, **kwargs)
+        exact = -0.5 * (group_size - 1) * _expected_pull_std(p, group_size)
+        _, se = _bandit_reference(p, group_size, **kwargs)
+        tol = 5 * se + 1e-9
+        if abs(got - exact) > tol:
+            hint = _coin_hint(got, exact, tol, p, group_size, kwargs)
+            fail(f"`expected_bandit_gradient` is wrong for {_describe(p, group_size, kwargs)}: "
+                 f"it gave {got:+.4f}, but with one coin per group E[g] = -(G - 1) E[s_x] / 2 = "
+                 f"{exact:+.4f} exactly, s_x the unbiased std of the group's pulls (+- "
+                 f"{tol:.4f} for a 20,000-batch estimate).{hint}")
 
 
 @pytest.mark.parametrize("p,group_size,kwargs", [
-    (0.5, 16, dict()),
-    (0.1, 4, dict(keep_fraction=0.5)),
-    (0.9, 8, dict(keep_fraction=0.1)),
-    (0.3, 8, dict(scale="none", keep_fraction=0.25, num_groups=4)),
-    (0.5, 2, dict(low_payoff=0.1, num_groups=16, keep_fraction=0.25, samples=10000, seed=3)),
-], ids=["G16", "keep-half", "keep-at-least-one", "dr-grpo-filtered", "pairs"])
+    (0.5, 16, dict(coin="independent")),
+    (0.1, 4, dict(keep_fraction=0.5, coin="shared")),
+    (0.9, 8, dict(keep_fraction=0.1, coin="independent")),
+    (0.3, 8, dict(scale="none", keep_fraction=0.25, num_groups=4, coin="shared")),
+    (0.5, 2, dict(low_payoff=0.1, num_groups=16, keep_fraction=0.25, samples=10000, seed=3,
+                  coin="independent")),
+    (0.7, 4, dict(low_payoff=0.1, keep_fraction=0.25, seed=1, coin="shared")),
+    (0.3, 8, dict()),
+], ids=["G16-independent", "keep-half-shared", "keep-at-least-one-independent",
+        "dr-grpo-filtered-shared", "pairs-independent", "filtered-shared", "default-coin"])
 def test_bandit_matches_the_simulation(ns, p, group_size, kwargs):
     _check_bandit(ns, p, group_size, **kwargs)
 
 
-def test_bandit_is_seeded(ns):
-    a = _estimate(ns, 0.5, 4, samples=2000, seed=5)
-    b = _estimate(ns, 0.5, 4, samples=2000, seed=5)
+@pytest.mark.parametrize("coin", ["shared", "independent"])
+def test_bandit_is_seeded(ns, coin):
+    a = _estimate(ns, 0.5, 4, samples=2000, seed=5, coin=coin)
+    b = _estimate(ns, 0.5, 4, samples=2000, seed=5, coin=coin)
     if a != b:
-        fail(f"`expected_bandit_gradient` gave {a!r} and then {b!r} for the same arguments and "
-             "seed=5: draw every random number from np.random.default_rng(seed)")
-    c = _estimate(ns, 0.5, 4, samples=2000, seed=6)
+        fail(f"`expected_bandit_gradient` gave {a!r} and then {b!r} for the same arguments, "
+             f"coin='{coin}' and seed=5: draw every random number from np.random.default_rng(seed)")
+    c = _estimate(ns, 0.5, 4, samples=2000, seed=6, coin=coin)
     if c == a:
-        fail("`expected_bandit_gradient` gave the same number for seed=5 and seed=6: draw every "
-             "random number from np.random.default_rng(seed)")
+        fail(f"`expected_bandit_gradient` gave the same number for seed=5 and seed=6 with "
+             f"coin='{coin}': draw every random number from np.random.default_rng(seed)")
