@@ -12,9 +12,12 @@ from agentic_rl.retool import ReToolConfig
 from agentic_rl.envs import MultiplyEnv, make_env
 from agentic_rl.envs.multiply import render_output, to_source
 from agentic_rl.multiturn import rollout_multiturn
+from agentic_rl.config import ConfigError
+from agentic_rl.losses import policy_loss
 from agentic_rl.retool import (
     ReToolTrainer,
     gradient_share,
+    interpreter_span,
     interpreter_tokens,
     resample_on_correct,
     unmask_interpreter,
@@ -223,7 +226,9 @@ def _logit_grads(trainer, batch):
 
     captured = {}
     config = trainer.config
-    trainer.config = dataclasses.replace(config, share_prompt_prefix=False, skip_prompt_logits=False)
+    trainer.config = dataclasses.replace(
+        config, share_prompt_prefix=False, skip_prompt_logits=False
+    )
 
     def keep(module, inputs, output):
         output.retain_grad()
@@ -290,6 +295,104 @@ def test_unmasked_interpreter_tokens_do_receive_gradient(trained):
     assert bool(advantaged.any()) and float(grads[advantaged].min()) > 0
     share = gradient_share(trained, batch, trained.compute_advantages(batch))
     assert 0.0 < share < 1.0
+
+
+def test_interpreter_span_from_the_tags_agrees_with_the_mask(trained):
+    """Two independent definitions of the interpreter's tokens: the tags' span and the masks."""
+    tok = trained.tokenizer
+    batch = trained.play(list(range(8)), group_size=2)
+    span = interpreter_span(batch, tok)
+    assert bool(span.any()) and torch.equal(span, interpreter_tokens(batch))
+    assert int(batch.loss_mask[span].sum()) == 0
+    # by hand: two calls (one output cut at 8 tokens and marked ...), a direct answer, padding
+    rows = [
+        [("2 3 7 * 8 2 =", False), ("<code> 2 3 7 * * 8 2 </code>", True),
+         ("<interpreter> 1 2 3 4 5 6 7 8 ... </interpreter>", False),
+         ("<code> 2 3 7 * 8 2 </code>", True),
+         ("<interpreter> 1 9 4 3 4 </interpreter>", False),
+         ("<answer> 1 9 4 3 4 </answer>", True)],
+        [("9 8 3 * 1 7 =", False), ("<answer> 1 6 7 1 1 </answer>", True)],
+    ]  # fmt: skip
+    hand = build_segments_batch(tok, rows)
+    span = interpreter_span(hand, tok)
+    assert torch.equal(span, interpreter_tokens(hand))
+    assert span.sum(1).tolist() == [11 + 7, 0]
+    # a policy that writes the tag itself: the tags' span now covers sampled tokens, the masks'
+    # definition does not; the check tells them apart
+    rows[1][1] = ("<interpreter> 1 6 7 1 1 </interpreter>", True)
+    hand = build_segments_batch(tok, rows)
+    span = interpreter_span(hand, tok)
+    assert not torch.equal(span, interpreter_tokens(hand)) and int(span[1].sum()) == 7
+
+
+# --------------------------------------------------------------------------- loss denominator
+
+
+@pytest.mark.parametrize(
+    "override, field",
+    [
+        (dict(loss_denominator="tools"), "loss_denominator"),
+        (dict(loss_denominator="policy", advantage_estimator="gae", num_generations=1),
+         "loss_denominator"),
+        (dict(loss_denominator="policy", loss_type="seq-mean-token-mean"), "loss_denominator"),
+    ],
+)  # fmt: skip
+def test_loss_denominator_refuses_what_it_does_not_support(override, field):
+    with pytest.raises(ConfigError) as err:
+        ReToolConfig(**{**TINY, **override})
+    assert err.value.field == field
+    config = ReToolConfig(**TINY)
+    with pytest.raises(ConfigError):  # a bad assignment is undone, before any compute
+        config.loss_denominator = "tools"
+    assert config.loss_denominator == "all"
+
+
+def test_policy_denominator_needs_one_process(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ConfigError, match="one process"):
+        ReToolConfig(**TINY, loss_denominator="policy")
+
+
+def test_policy_denominator_divides_by_the_policy_tokens_only(trained):
+    """Unmasked, 'all': sum over policy + interpreter tokens / their number; 'policy': the same
+    sum / the policy's tokens, so the policy's tokens weigh what they weigh in the masked arm."""
+    import dataclasses
+
+    masked = _mixed_batch(trained)
+    unmasked = _mixed_batch(trained)
+    tool = unmask_interpreter(unmasked, trained.model)
+    own = masked.loss_mask.bool()
+    assert torch.equal(own, unmasked.loss_mask.bool() & ~tool)
+    # GRPO advantages sum to 0 over a group, and so would the interpreter tokens' part of the
+    # loss at ratio 1: shift them, so that every part of the loss has a size to check
+    advantages = {}
+    for name, b in (("masked", masked), ("unmasked", unmasked)):
+        advantages[name] = trained.compute_advantages(b) + 0.5 * b.loss_mask
+    config, losses = trained.config, {}
+    try:
+        for denominator in ("all", "policy"):
+            trained.config = dataclasses.replace(config, loss_denominator=denominator)
+            for name, b in (("masked", masked), ("unmasked", unmasked)):
+                losses[name, denominator] = trained.compute_loss(b, advantages[name])[0].detach()
+    finally:
+        trained.config = config
+    # with the mask on there is nothing to rescale
+    torch.testing.assert_close(losses["masked", "all"], losses["masked", "policy"])
+    n_all, n_own = float(unmasked.loss_mask.sum()), float(own.sum())
+    torch.testing.assert_close(
+        losses["unmasked", "policy"], losses["unmasked", "all"] * n_all / n_own
+    )
+    # = the masked arm's loss plus the interpreter tokens' own sum over the same denominator
+    with torch.no_grad():
+        logprobs, _ = trained.policy_logprobs(unmasked)
+    tool_sum, _ = policy_loss(
+        logprobs, unmasked.old_logprobs, advantages["unmasked"], tool.long(),
+        epsilon=config.epsilon, agg="token-sum",
+    )  # fmt: skip
+    torch.testing.assert_close(
+        losses["unmasked", "policy"], losses["masked", "all"] + tool_sum / n_own
+    )
+    assert n_own < n_all and float(tool_sum.abs()) > 0
 
 
 # --------------------------------------------------------------------------- GRPO-RoC

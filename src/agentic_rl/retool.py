@@ -37,6 +37,7 @@ __all__ = [
     "ReToolConfig",
     "ReToolTrainer",
     "interpreter_tokens",
+    "interpreter_span",
     "unmask_interpreter",
     "gradient_share",
     "resample_on_correct",
@@ -122,10 +123,17 @@ class ReToolConfig(AgentFields, CriticFields):
     tool_timeout_s: float = _f(1.0, "Sandbox: wall-clock limit per snippet, in seconds.")
     tool_memory_mb: int = _f(256, "Sandbox: address-space limit per snippet, in MiB.")
     tool_workers: int = _f(2, "Sandbox pool: snippets run concurrently.")
+    loss_denominator: str = _f(
+        "all",
+        "Token-mean denominator: 'all' (every trained token: with mask_interpreter off, the "
+        "interpreter's too) or 'policy' (the policy's own tokens only: the unmasked ablation's "
+        "control, whose interpreter tokens then add to the loss without diluting the weight of "
+        "the policy's). With the mask on the two are the same. GRPO and token-mean only.",
+    )
     resample_on_correct: bool = _f(
         False,
         "GRPO-RoC: sample 2 * num_generations episodes per problem, keep num_generations "
-        "(positives with the fewest tool errors, negatives at random).",
+        "(positives with the fewest tool errors, negatives at random as in the paper).",
     )
     grad_share_every: int = _f(
         5,
@@ -150,6 +158,7 @@ class ReToolConfig(AgentFields, CriticFields):
         self._at_least(("grad_share_every",), 0)
         if self.resample_on_correct and self.advantage_estimator != "grpo":
             self._bad("resample_on_correct", "is a GRPO method: use advantage_estimator 'grpo'")
+        self._check_denominator()
         # the answer segment: <answer>, the product's digits, </answer>, EOS
         need = self.digits_a + self.digits_b + 3
         if self.max_action_tokens < need:
@@ -159,6 +168,21 @@ class ReToolConfig(AgentFields, CriticFields):
         self._check_positions(
             "max_turns", tokens + (self.max_turns - 1) * (self.max_output_tokens + 3)
         )
+
+    def _check_denominator(self) -> None:
+        if self.loss_denominator not in ("all", "policy"):
+            self._bad("loss_denominator", "must be 'all' or 'policy'")
+        if self.loss_denominator == "all":
+            return
+        if self.agg_mode != "token-mean":
+            why = "'policy' rescales a token mean: use loss_type token-mean"
+            self._bad("loss_denominator", why)
+        if self.advantage_estimator != "grpo":
+            why = "'policy' would rescale the critic's value loss too: use advantage_estimator grpo"
+            self._bad("loss_denominator", why)
+        if dist.world_size() > 1:
+            why = "'policy' rescales each rank's loss by its own token counts: run one process"
+            self._bad("loss_denominator", why)
 
     _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
 
@@ -174,6 +198,22 @@ def interpreter_tokens(batch: Batch) -> torch.Tensor:
     from .multiturn import environment_tokens  # transformers is imported on first use
 
     return environment_tokens(batch)
+
+
+def interpreter_span(batch: Batch, tokenizer) -> torch.Tensor:
+    """``[B, T]`` bool: every token from an ``<interpreter>`` tag to its ``</interpreter>``, tags
+    included, found from the token ids alone.
+
+    An independent definition of what :func:`interpreter_tokens` finds from the masks: on a batch
+    in which only the environment writes these tags, the two must agree (a policy that wrote an
+    ``<interpreter>`` tag itself would make them differ, as a check should)."""
+    from .envs.multiply import END_INTERP, INTERP
+
+    ids = batch.input_ids
+    opening, closing = (ids == tokenizer.convert_tokens_to_ids(t) for t in (INTERP, END_INTERP))
+    opened, closed = opening.long().cumsum(1), closing.long().cumsum(1)
+    # inside a span: more tags opened (up to here) than closed (before here)
+    return batch.attention_mask.bool() & (opened - closed + closing.long() > 0)
 
 
 def unmask_interpreter(batch: Batch, model, *, temperature: float = 1.0) -> torch.Tensor:
@@ -227,10 +267,15 @@ def resample_on_correct(
     """GRPO-RoC (rStar2-Agent): the rows to keep, ``keep`` per group, from an oversampled batch.
 
     Per group: negatives (score <= 0) are kept at random, about half of them
-    (``round(keep * n_neg / n)``), to keep failures diverse; positives fill the rest, those with
-    the lowest tool-error rate ``errors / calls`` first (0.5 when there were no calls, which nudges
-    toward using the tool), ties in generation order. The paper samples positives with
-    probability inversely proportional to that penalty; the released code sorts, as here.
+    (``round(keep * n_neg / n)``), to keep failures diverse (the paper's rule); positives fill the
+    rest, those with the lowest tool-error rate ``errors / calls`` first (0.5 when there were no
+    calls, which nudges toward using the tool), ties in generation order. Where this follows the
+    released code (verl ``recipe/rstar2_agent/src/down_sample/roc.py``) and where not: the paper
+    samples positives with probability inversely proportional to the penalty, the code sorts them
+    (as here); the code also sorts the *negatives* by the same penalty and keeps the lowest (here,
+    as in the paper, at random); and the penalty of paper and code is ``p_err + p_format``, where
+    ``p_format`` counts repeated answer tags. Here it is ``p_err`` alone: an ``<answer>`` ends the
+    episode, so ``p_format`` is 0 for every positive.
     """
     rows = []
     for g in torch.unique(group_id):
@@ -403,6 +448,21 @@ class ReToolTrainer(AgentTrainer):
             error_rate_in_positives=x["policy_error_rate"],
             grad_share=x.get("grad_share", float("nan")),
         )
+
+    # ------------------------------------------------------------------ loss
+    def compute_loss(
+        self, batch: Batch, advantages: torch.Tensor, *, outputs: tuple | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """The agent trainer's loss; with ``loss_denominator="policy"`` and unmasked interpreter
+        tokens, every token-mean term is divided by the policy's own tokens instead of all trained
+        tokens: the policy's tokens keep the weight they have in the masked arm, and the
+        interpreter's add to it (sum over all trained tokens / number of policy tokens)."""
+        loss, metrics = super().compute_loss(batch, advantages, outputs=outputs)
+        tool = batch.extras.get("env_tokens")
+        if self.config.loss_denominator == "policy" and tool is not None:
+            trained = batch.loss_mask.bool()
+            loss = loss * (trained.sum() / (trained & ~tool).sum().clamp(min=1))
+        return loss, metrics
 
     # ------------------------------------------------------------------ evaluation
     def evaluate(self) -> dict:
