@@ -81,8 +81,32 @@ def _optional(kind):
     return parse
 
 
+def _output_dir(text: str) -> str:
+    if text.lower() in ("none", "null"):
+        why = "is not a folder name here: leave --output-dir out to keep nothing on disk"
+        raise argparse.ArgumentTypeError(f"{why} (got {text!r})")
+    return text
+
+
+class _Once(argparse.Action):
+    """Store a flag's value; a flag given twice is an error that names it (argparse would keep
+    the last value silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if hasattr(namespace, self.dest):
+            old = getattr(namespace, self.dest)
+            why = f"{option_string} is given more than once; give each flag once"
+            raise argparse.ArgumentError(self, f"{why} (got {old!r}, then {values!r})")
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with errors as one line: ``error: <field>: <why> (got X)`` and exit status 2."""
+    """argparse, with errors as one line: ``error: <field>: <why> (got X)`` and exit status 2.
+
+    No abbreviations (``--learning 0.5`` is an unknown flag, not ``--learning-rate``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
         m = re.match(r"argument --([\w-]+)(?:/-\w)?: (.*)", message, re.S)
@@ -101,11 +125,13 @@ def add_dataclass_arguments(
     for f in dataclasses.fields(cls):
         base, optional = types[f.name]
         kind = _optional(parsers[base]) if optional else parsers[base]
+        kind = _output_dir if f.name == "output_dir" else kind
         default = defaults.get(f.name, f.default)
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             type=kind,
+            action=_Once,
             default=argparse.SUPPRESS,
             metavar=base.__name__.upper(),
             help=f"{f.metadata.get('help', '')} [default: {default}]",
