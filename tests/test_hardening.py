@@ -141,6 +141,18 @@ TINY_GCD = [
 ]
 
 
+def _with(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` with the ``flags`` (flag, value pairs) set: a flag it has gets the new value (the
+    CLI refuses a flag given twice)."""
+    out = list(argv)
+    for flag, value in zip(flags[::2], flags[1::2]):
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
 def _cli(capsys, *argv) -> tuple[int, str, str]:
     """Run the CLI in-process: (exit status, stdout, stderr)."""
     try:
@@ -297,7 +309,36 @@ CASES = [
     (GCDConfig, dict(good_token="very good"), "good_token"),
     (GCDConfig, dict(bad_token="<|good|>"), "bad_token"),
     (GCDConfig, dict(num_generations=1), "num_generations"),
-]
+    # Upper bounds (reliability report, failures 5, 7, 8, 10): each of these passed validation and
+    # then hung, ran out of memory, ended in a traceback after compute or skipped every update.
+    (PPOConfig, dict(p_frozen=1e-300), "p_frozen"),  # the map generator never finds a path
+    (StarPOConfig, dict(env="frozenlake", p_frozen=1e-300), "p_frozen"),
+    (PPOConfig, dict(map_size=32, p_frozen=0.5), "p_frozen"),
+    (StarPOConfig, dict(max_turns=10**12), "max_turns"),  # hung
+    (RCGRPOConfig, dict(max_turns=10**12), "max_turns"),  # hung
+    (PPOConfig, dict(max_turns=10**12), "max_turns"),  # a 262 TiB numpy array
+    (PPOConfig, dict(max_turns=3000), "max_turns"),  # 3000 turns of 3 tokens: past the budget
+    (StarPOConfig, dict(max_actions=10**12), "max_actions"),
+    (GRPOConfig, dict(use_lora=True, lora_r=10**12), "lora_r"),
+    (GRPOConfig, dict(use_lora=True, lora_r=256), "lora_r"),  # wider than the tiny model
+    (ReToolConfig, dict(tool_timeout_s=5000.0), "tool_timeout_s"),  # the pool's limit: 3600 s
+    (ReToolConfig, dict(tool_timeout_s=1e300), "tool_timeout_s"),
+    (ReToolConfig, dict(tool_memory_mb=40), "tool_memory_mb"),  # the pool's minimum: 64 MiB
+    (ReToolConfig, dict(tool_workers=5000), "tool_workers"),
+    *[(cls, {field: 1e38}, field) for field in ("learning_rate", "sft_learning_rate")
+      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)],
+    (PPOConfig, dict(critic_learning_rate=1e38), "critic_learning_rate"),
+    *[(cls, dict(temperature=1e-300), "temperature")
+      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)],
+    (GRPOConfig, dict(beta=1e300), "beta"),
+    (StarPOConfig, dict(entropy_coeff=1e300), "entropy_coeff"),
+    (PPOConfig, dict(vf_coef=1e300), "vf_coef"),
+    (GCDConfig, dict(judge_weight=1e300), "judge_weight"),
+    (GRPOConfig, dict(format_weight=1e300), "format_weight"),
+    (StarPOConfig, dict(format_penalty=1e300), "format_penalty"),
+    (GRPOConfig, dict(temperature=1e300), "temperature"),
+    (StarPOConfig, dict(rollout_filter="dynamic", max_sample_rounds=10**12), "max_sample_rounds"),
+]  # fmt: skip
 
 
 def _bad_values(cls):
@@ -332,6 +373,60 @@ def test_bad_config_is_a_named_error(cls, overrides, field):
     msg = str(exc.value)
     assert msg.startswith(f"{field}: ") and "(got " in msg, msg
     assert isinstance(exc.value, ValueError)  # (what callers caught before)
+
+
+#: Numeric fields where any large value is defined (a longer run, a rarer measurement, one gradient
+#: step per batch): ``agentic_rl.bounds``' docstring. Every other number has an upper bound.
+UNBOUNDED = {"max_steps", "sft_steps", "save_steps", "coupling_every", "grad_share_every",
+             "mini_batch_size"}  # fmt: skip
+
+
+def _huge_values(cls):
+    """1e300 for every float field, 10**12 and 10**30 for every int field (but UNBOUNDED)."""
+    types = cls._field_types()
+    for f in dataclasses.fields(cls):
+        base, _ = types[f.name]
+        if f.name not in UNBOUNDED and base in (int, float):
+            for value in (1e300,) if base is float else (10**12, 10**30):
+                yield cls, {f.name: value}, f.name
+
+
+HUGE_CASES = [c for cls in RECIPE_CONFIGS.values() for c in _huge_values(cls)]
+HUGE_CASES += [
+    (GRPOConfig, dict(eval_size=10**12), "eval_size"),  # MemoryError after the model was built
+    (GRPOConfig, dict(eval_samples=10**12), "eval_samples"),
+    (GCDConfig, dict(eval_size=10**12), "eval_size"),
+    (GCDConfig, dict(eval_samples=10**12), "eval_samples"),
+    (GCDConfig, dict(num_probes=10**12), "num_probes"),
+    (GRPOConfig, dict(model_name_or_path="x", eval_size=10**12), "eval_size"),  # any model
+    (ReToolConfig, dict(tool_memory_mb=10**12), "tool_memory_mb"),  # no limit at all
+    (ReToolConfig, dict(tool_memory_mb=10**30), "tool_memory_mb"),  # every tool call failed
+]
+
+
+@pytest.mark.parametrize(
+    "cls,overrides,field",
+    HUGE_CASES,
+    ids=[f"{c.__name__}-{f}-{o[f]:g}" for c, o, f in HUGE_CASES],
+)
+def test_huge_value_is_a_named_error_before_compute(cls, overrides, field, tmp_path):
+    """Every number has an upper bound (upper-bound and overflow table, all six recipes): refused
+    by ``validate`` or by ``check_environment`` (what the machine's memory holds), naming it."""
+    if "model_name_or_path" in overrides:  # a model folder (its content is not read here)
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "config.json").write_text("{}")
+        overrides = {**overrides, "model_name_or_path": str(tmp_path / "model")}
+    with pytest.raises(ConfigError) as exc:
+        cls(**overrides).check_environment()
+    assert exc.value.field == field, str(exc.value)
+    assert str(exc.value).startswith(f"{field}: ") and "(got " in str(exc.value)
+
+
+def test_unbounded_fields_take_huge_values():
+    for cls in RECIPE_CONFIGS.values():
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name in UNBOUNDED & names:
+            cls(**{name: 10**30}).check_environment()
 
 
 @pytest.mark.parametrize("cls,overrides,field", CASES[:20])
@@ -615,7 +710,7 @@ def test_bad_checkpoint_stops_with_a_named_error_and_deletes_nothing(
     damage, words = FAULTS[fault]
     damage(str(out / "checkpoint.pt"))
     before = _snapshot(out)
-    code, stdout, err = _cli(capsys, "grpo", *TINY, "--max-steps", "3", "--output-dir", str(out))
+    code, stdout, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(out))
     line = _assert_one_line_error(code, err)
     assert code == 1 and f"checkpoint {out / 'checkpoint.pt'}" in line and words in line, line
     assert "Nothing was deleted" in line and "--output-dir" in line
@@ -720,7 +815,7 @@ def test_config_mismatch_is_a_named_error_showing_old_and_new(capsys, finished, 
 def test_max_steps_below_the_checkpoint_is_a_named_error(capsys, finished, tmp_path):
     out = _copy(finished, tmp_path)
     before = _snapshot(out)
-    code, _, err = _cli(capsys, "grpo", *TINY, "--max-steps", "1", "--output-dir", str(out))
+    code, _, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "1"), "--output-dir", str(out))
     line = _assert_one_line_error(code, err)
     assert (
         line.startswith("error: max_steps: ")
@@ -827,7 +922,7 @@ def _rows(path):
 #: A tiny CLI run of every registered recipe (a new recipe adds its row; tests/test_registry.py
 #: checks that every recipe has one).
 TINY_RUNS = {
-    "grpo": [*TINY, "--max-steps", "6", "--save-steps", "1"],
+    "grpo": _with(TINY, "--max-steps", "6", "--save-steps", "1"),
     "ppo": TINY_PPO,
     "retool": [*TINY_RETOOL, "--mask-interpreter", "false"],
     "starpo": [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"],
