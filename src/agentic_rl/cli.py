@@ -7,7 +7,8 @@ Every check runs before any compute (``agentic_rl.runs.preflight``): a bad value
 an unwritable folder, a folder another run is using, or a corrupt or mismatched checkpoint ends the
 command with status 2 (a bad flag or config) or 1 (the folder or checkpoint) and one line,
 ``error: <field>: <why> (got X)``, never a traceback. A run that is already complete says so and
-changes nothing on disk.
+changes nothing on disk, unless its end files are missing or damaged: it rewrites them from its
+checkpoint and says which. A run whose every update was skipped ends with status 1.
 
 :data:`RECIPES` is the one registry: a recipe's name and the chapter module that holds its config
 (``CONFIG``) and trainer (``TRAINER``). A new chapter adds one line here.
@@ -182,16 +183,21 @@ def _report(trainer, summary: dict) -> None:
     from .runs import OUTPUT_FILES
 
     config, out = trainer.config, trainer.config.output_dir
+    rewritten = getattr(trainer, "rewritten", [])
     if trainer.was_complete:
+        done = (
+            f"rewrote {', '.join(rewritten)} from its checkpoint (missing or different)"
+            if rewritten
+            else "nothing was changed"
+        )
         print(
             f"the run in {out} is already complete ({trainer.step} of {config.max_steps} RL "
-            "steps); nothing was changed. Give a larger --max-steps to continue it, or another "
-            "--output-dir.",
+            f"steps); {done}. Give a larger --max-steps to continue it, or another --output-dir.",
             file=sys.stderr,
         )
     if out:
         files = [os.path.join(out, f) for f in OUTPUT_FILES]
-        verb = "files in" if trainer.was_complete else "wrote to"
+        verb = "files in" if trainer.was_complete and not rewritten else "wrote to"
         shown = [f"  {p}" for p in files if os.path.exists(p)]
         print(f"{verb} {os.path.abspath(out)}:", *shown, sep="\n", file=sys.stderr)
     else:
