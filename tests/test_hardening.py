@@ -1256,3 +1256,25 @@ def test_a_run_whose_every_update_is_skipped_exits_non_zero(tmp_path, tiny_confi
     assert json.loads((out / "summary.json").read_text())["rl_steps"] == 2  # files written
     with pytest.raises(RunError, match="skipped its update"):  # and again when it is complete
         run_recipe(GRPOTrainer(tiny_config(output_dir=str(out))))
+
+
+@pytest.mark.parametrize(
+    "timeout_s,memory_mb",
+    [(1.0, 256), (3600.0, 64), (3600.1, 256), (5000.0, 256), (1e300, 256), (1.0, 63), (1.0, 40)],
+)
+def test_retool_tool_limits_are_the_sandbox_pools(timeout_s, memory_mb):
+    """Failure 7: the config allowed what ``sandbox.Pool`` refuses at the first rollout, after SFT
+    (a traceback). Both now take the same values (the machine's RAM caps memory_mb further)."""
+    from agentic_rl import sandbox
+
+    try:
+        sandbox._check_limits(timeout_s, memory_mb, 4096)
+        pool_takes = True
+    except ValueError:
+        pool_takes = False
+    try:
+        ReToolConfig(tool_timeout_s=timeout_s, tool_memory_mb=memory_mb)
+        config_takes = True
+    except ConfigError:
+        config_takes = False
+    assert config_takes == pool_takes
