@@ -40,7 +40,9 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-__all__ = ["DISK_MB", "Launcher", "interpreter", "launcher", "seccomp_program"]
+__all__ = [
+    "DISK_MB", "Launcher", "candidates", "interpreter", "launcher", "seccomp_program", "works"
+]
 
 #: Size of each zygote's ``tmpfs`` for its snippets' folders (one snippet at a time per zygote).
 DISK_MB = 32
@@ -178,32 +180,39 @@ def seccomp_program(machine: str | None = None) -> bytes | None:
 
 @functools.cache
 def launcher() -> Launcher:
-    """The first launcher that starts Python here (each candidate is tried once per process)."""
+    """The first of :func:`candidates` that starts Python here (probed once per process), or
+    ``"none"``."""
+    found = next((candidate for candidate in candidates() if works(candidate)), None)
+    return found or Launcher("none", _layers("none", False), os.geteuid() == 0)
+
+
+def candidates() -> list[Launcher]:
+    """The launchers whose tool is installed, best first. Root first tries each without a user
+    namespace (that needs CAP_SYS_ADMIN): then it stays the real root, which can hand each snippet
+    to nobody."""
     root = os.geteuid() == 0
-    # Root first tries without a user namespace (it needs CAP_SYS_ADMIN): then it stays the real
-    # root, which can hand each snippet to nobody.
-    candidates = [
-        (kind, userns)
+    return [
+        Launcher(kind, _layers(kind, userns), root and not userns, userns)
         for kind, tool in (("bubblewrap", "bwrap"), ("unshare", "unshare"))
         if shutil.which(tool)
         for userns in ((False, True) if root else (True,))
     ]
-    for kind, userns in candidates:
-        found = Launcher(kind, _layers(kind, userns), root and not userns, userns)
-        command, fd = found.command(None, "/tmp/agentic_rl_sandbox_probe")
-        fds = () if fd is None else (fd,)
-        try:
-            done = subprocess.run(
-                command, env={}, capture_output=True, timeout=60, pass_fds=fds, check=False
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            continue
-        finally:
-            if fd is not None:
-                os.close(fd)
-        if done.returncode == 0:
-            return found
-    return Launcher("none", _layers("none", False), root)
+
+
+def works(candidate: Launcher) -> bool:
+    """Whether the launcher starts this interpreter here (kernels and containers differ)."""
+    command, fd = candidate.command(None, "/tmp/agentic_rl_sandbox_probe")
+    fds = () if fd is None else (fd,)
+    try:
+        done = subprocess.run(
+            command, env={}, capture_output=True, timeout=60, pass_fds=fds, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    finally:
+        if fd is not None:
+            os.close(fd)
+    return done.returncode == 0
 
 
 def _layers(kind: str, userns: bool) -> tuple[str, ...]:
