@@ -4,7 +4,9 @@ Every adversarial program is bounded (``timeout_s`` 1 s, ``memory_mb`` 128, 4 KB
 must come back as a :class:`~agentic_rl.sandbox.Result` with ``error`` set, while this process, its
 parent and the files around it stay untouched. Programs that try to escape aim at a world-writable
 probe folder, so that only the sandbox's guards (not file permissions) can stop them: a file in it
-after the run is an escape. The namespace layer is also tested alone, with the audit hook taken out.
+after the run is an escape. The namespace layer is also tested alone, with the audit hook taken out,
+and so are the kernel's layers (the bubblewrap jail, its seccomp filter and disk quota) against
+every attack of the reliability review, from a fresh interpreter that may import ``ctypes``.
 """
 
 from __future__ import annotations
@@ -613,6 +615,22 @@ def test_report_ctypes_hook_bypass_is_contained(pool, probe, attack):
     assert pool.run("import sys; print(sorted(m for m in sys.modules if 'ctypes' in m))").stdout == (
         "[]\n"
     )
+
+
+def test_report_ctypes_escape_through_one_multiply_env_step(probe):
+    # The review reached the same bypass through one action of the ReTool environment: the code
+    # block's words become the program print(exec(...)), which runs the payload one frame deeper.
+    payload = (
+        "import sys\nf = sys._getframe()\nwhile '_BLOCKED' not in f.f_globals:\n    f = f.f_back\n"
+        + REPORT_CTYPES.replace("sys._getframe(1)", "f").replace("PROBE", probe)
+    )
+    from agentic_rl.envs import MultiplyEnv
+
+    env = MultiplyEnv()
+    env.reset(3)
+    action = f"<code> exec(bytes.fromhex('{payload.encode().hex()}')) </code>"
+    observation, _, _, _ = env.step(action)
+    assert "Error" in observation and os.listdir(probe) == [], observation
 
 
 @pytest.mark.parametrize(
