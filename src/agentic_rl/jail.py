@@ -132,7 +132,9 @@ def _bwrap_options(script: str | None, base: str, userns: bool, seccomp_fd: int 
             bound.append(folder + "/")
     python = interpreter()
     for folder in {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(python))}:
-        if not (folder + "/").startswith(tuple(bound)) and os.path.isdir(folder):
+        # Never / itself, which would bring the whole tree into the jail: an interpreter there
+        # needs only the system folders, or else the probe fails and the next launcher is used.
+        if folder != "/" and not (folder + "/").startswith(tuple(bound)) and os.path.isdir(folder):
             options += ["--ro-bind", folder, folder]
             bound.append(folder + "/")
     # Folders made first, as 0755: bwrap would make a bound file's missing parents 0700.
