@@ -14,21 +14,30 @@ Measured, for trivial arithmetic snippets (``print(i * i)``), with ``torch`` nev
   clean-up; the rest is the trainer-side round trip);
 - ``Pool(workers).map``: throughput in snippets/s over ``--snippets`` snippets, and ``Pool(1).map``
   for comparison;
-- starting a ``Pool(workers)`` (the zygotes' start-up, paid once).
+- starting a ``Pool(workers)`` (the zygotes' start-up, paid once);
+- per launcher that works here (``agentic_rl.jail``: bubblewrap, util-linux unshare, nothing), and
+  for ``--before FILE`` (a ``sandbox.py`` of an earlier commit, e.g. ``git show
+  COMMIT:src/agentic_rl/sandbox.py > /tmp/sandbox_before.py``): the per-call cost, with the calls
+  to each taken in turn so that a loaded machine weighs on all alike, and a Pool(1)'s start-up;
+- the reliability review's head-of-line scenario: 50 requests at once on ``Pool(2)``, every fifth
+  a busy loop (1 s deadline): the harmless ones' latency, on a fresh pool and on the same pool again.
 
 Every figure is the median over ``--repeats`` repeats after one warm-up (latencies: the median call
-of each repeat, then the median of those). Prints a table; writes nothing.
+of each repeat, then the median of those; interleaved calls: the median of all). Prints a table;
+writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import os
 import platform
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 try:
@@ -64,6 +73,92 @@ def median_of(repeats: int, measure) -> float:
     return statistics.median(measure() for _ in range(repeats))
 
 
+def per_call_ms(pool, codes, repeats: int) -> float:
+    """Median latency of one sequential ``pool.run`` (median call of each repeat, then the median
+    over repeats)."""
+
+    def sequential() -> float:
+        times = []
+        for code in codes:
+            start = time.perf_counter()
+            assert pool.run(code).ok
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    return median_of(repeats, sequential)
+
+
+def launcher_rows(args, codes) -> list:
+    """Each launcher that works here (agentic_rl.jail: bubblewrap, util-linux unshare, nothing;
+    with and without a user namespace), and ``--before`` (a sandbox.py from an earlier commit):
+    per-call cost with the calls interleaved (one Pool(1) each, a call to each in turn, so that
+    the machine's load falls on all alike), and the start-up of a Pool(1)."""
+    jail = getattr(sandbox, "jail", None)
+    if jail is None:  # a sandbox from before the launchers
+        return []
+    chosen = [c for c in jail.candidates() if jail.works(c)]
+    chosen.append(jail.Launcher("none", jail._layers("none", False), os.geteuid() == 0))
+    pools, starts, original = {}, {}, jail.launcher
+    try:
+        for launcher in chosen:
+            jail.launcher = lambda launcher=launcher: launcher
+            name = launcher.kind + (" in a user namespace" if launcher.userns else "")
+            starts[name] = median_of(args.repeats, lambda: timed(lambda: sandbox.Pool(1).close()))
+            pools[name] = sandbox.Pool(1)
+    finally:
+        jail.launcher = original
+    if args.before:
+        spec = importlib.util.spec_from_file_location("sandbox_before", args.before)
+        before = sys.modules["sandbox_before"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(before)
+        pools["--before"] = before.Pool(1)
+        starts["--before"] = median_of(args.repeats, lambda: timed(lambda: before.Pool(1).close()))
+    times = {name: [] for name in pools}
+    for code in codes[: args.calls] * args.repeats:
+        for name, pool in pools.items():
+            times[name].append(timed(lambda: pool.run(code)))
+    for pool in pools.values():
+        pool.close()
+    rows = []
+    for name in pools:
+        rows.append((f"{name}: Pool(1).run() per call, interleaved", statistics.median(times[name]), "ms"))
+        rows.append((f"{name}: Pool(1) start-up + close", starts[name], "ms"))
+    return rows
+
+
+def mixed_rows(args) -> list:
+    """The reliability review's head-of-line scenario: 50 requests at once on Pool(2), every fifth
+    a busy loop (1 s deadline); latency of the 40 harmless ones, on a fresh pool and again."""
+    codes = ["while True: pass" if i % 5 == 2 else f"print({i} * {i})" for i in range(50)]
+    rows = []
+    with sandbox.Pool(2, timeout_s=1.0) as pool:
+        pool.map(["pass"] * 2)
+        for round_ in ("fresh pool", "second round"):
+            done, lock, start = {}, threading.Lock(), time.monotonic()
+
+            def one(i: int) -> None:
+                pool.run(codes[i])
+                with lock:
+                    done[i] = time.monotonic() - start
+
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            harmless = sorted(done[i] for i in range(50) if "while" not in codes[i])
+            p50, p95 = harmless[len(harmless) // 2], harmless[int(0.95 * len(harmless))]
+            rows.append((f"10 busy loops among 50, {round_}: harmless p50", p50, "ms"))
+            rows.append((f"10 busy loops among 50, {round_}: harmless p95", p95, "ms"))
+    return rows
+
+
+def timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument(
@@ -73,14 +168,12 @@ def main(argv=None) -> int:
     p.add_argument("--one-offs", type=int, default=10, help="run() calls per repeat [10]")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats after 1 warm-up [5]")
     p.add_argument("--workers", type=int, default=2, help="workers for the map() figure [2]")
+    p.add_argument("--no-launchers", action="store_true", help="skip the per-launcher rows")
+    p.add_argument("--before", help="a sandbox.py of an earlier commit, for the launcher rows")
+    p.add_argument("--no-mixed", action="store_true", help="skip the busy-loop mix")
     args = p.parse_args(argv)
     info = machine_info()
     codes = [f"print({i} * {i})" for i in range(args.snippets)]
-
-    def timed(fn) -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
 
     def interpreter() -> float:
         cmd = [sys.executable, "-I", "-S", "-c", "print(6 * 7)"]
@@ -138,6 +231,10 @@ def main(argv=None) -> int:
     rows.append(
         (f"Pool({args.workers}) start-up + close", median_of(args.repeats, start_pool), "ms")
     )
+    if not args.no_launchers:
+        rows += launcher_rows(args, codes)
+    if not args.no_mixed:
+        rows += mixed_rows(args)
     assert "torch" not in sys.modules, "the sandbox benchmark must not import torch"
     info["loadavg_end"] = os.getloadavg()
 

@@ -69,7 +69,7 @@ def test_unknown_profile_exits_nonzero_naming_profile():
     (["--epsilon-high", "0.28", "--beta", "0.04"], dict(epsilon_high=0.28, beta=0.04)),
     (["--use-lora", "true", "--disable-tqdm", "0"], dict(use_lora=True, disable_tqdm=False)),
     (["--profile", "full", "--seed", "3"], dict(profile="full", seed=3, hidden_size=256)),
-    (["--output-dir", "none", "--loss-type", "dr_grpo"], dict(output_dir=None, loss_type="dr_grpo")),
+    (["--loss-type", "dr_grpo"], dict(output_dir=None, loss_type="dr_grpo")),
 ])
 def test_flags_parse_into_the_config(argv, expected):
     config = config_from_args(GRPOConfig, argv, prog="test")
@@ -83,6 +83,40 @@ def test_bad_flag_values_are_argparse_errors(capsys):
             config_from_args(GRPOConfig, argv, prog="test")
         assert exc.value.code == 2
     assert "--no-such-flag" in capsys.readouterr().err
+
+
+def _refused(capsys, argv) -> str:
+    with pytest.raises(SystemExit) as exc:
+        config_from_args(GRPOConfig, argv, prog="test")
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and len(err.strip().splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.mark.parametrize("argv", [["--learning", "0.5"], ["--temp", "0.5"], ["--prof", "full"]])
+def test_abbreviated_flags_are_refused(capsys, argv):
+    """Reliability report, failure 16: argparse's allow_abbrev took ``--learning 0.5`` for
+    ``--learning-rate 0.5`` silently."""
+    assert _refused(capsys, argv) == f"error: unrecognized arguments: {' '.join(argv)}"
+
+
+def test_a_repeated_flag_is_refused_naming_it(capsys):
+    err = _refused(capsys, ["--beta", "0.1", "--beta", "0.2"])
+    assert err == (
+        "error: beta: --beta is given more than once; give each flag once (got 0.1, then 0.2)"
+    )
+    err = _refused(capsys, ["--profile", "full", "--profile", "quick"])
+    assert err.startswith("error: profile: --profile is given more than once")
+    assert "--learning-rate is given more than once" in _refused(
+        capsys, ["--learning-rate=0.5", "--learning-rate", "0.1"]
+    )
+
+
+@pytest.mark.parametrize("word", ["none", "None", "null"])
+def test_output_dir_none_is_refused(capsys, word):
+    """``--output-dir none`` used to mean "write nothing"; leaving the flag out says that."""
+    err = _refused(capsys, ["--output-dir", word])
+    assert err.startswith("error: output_dir: is not a folder name here") and word in err
 
 
 def test_tiny_real_run_writes_metrics_and_summary(tmp_path):

@@ -352,3 +352,17 @@ def test_a_judgement_token_written_into_an_action_is_a_malformed_action():
         obs, reward, done, info = env.step(text)
         assert info["kind"] == "malformed" and not info["format_ok"]
         assert obs.startswith("nothing happens") and reward == 0.0 and not done
+
+
+def test_lora_coupling_leaves_the_model_copyable_and_a_run_finishes():
+    """Reliability report, failure 14: with LoRA, torch.func's functional_call left the tied
+    trainable-token delta (embedding and head) swapped for a vmap wrapper, and the next deepcopy
+    (the second split's spillover) crashed; every parameter is put back."""
+    trainer = GCDTrainer(tiny(use_lora=True, coupling_every=0, sft_steps=2, max_steps=1))
+    trainer.sft()
+    slots = [(m, k, p) for m in trainer.model.modules() for k, p in m._parameters.items()]
+    coupling.per_sample_grads(trainer.model, trainer.probes["train"][0])
+    assert all(m._parameters[k] is p for m, k, p in slots)
+    copy.deepcopy(trainer.model)
+    summary = trainer.train()  # evaluates both splits' coupling, before and after RL
+    assert summary["rl_steps"] == 1

@@ -141,6 +141,18 @@ TINY_GCD = [
 ]
 
 
+def _with(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` with the ``flags`` (flag, value pairs) set: a flag it has gets the new value (the
+    CLI refuses a flag given twice)."""
+    out = list(argv)
+    for flag, value in zip(flags[::2], flags[1::2]):
+        if flag in out:
+            out[out.index(flag) + 1] = value
+        else:
+            out += [flag, value]
+    return out
+
+
 def _cli(capsys, *argv) -> tuple[int, str, str]:
     """Run the CLI in-process: (exit status, stdout, stderr)."""
     try:
@@ -297,7 +309,36 @@ CASES = [
     (GCDConfig, dict(good_token="very good"), "good_token"),
     (GCDConfig, dict(bad_token="<|good|>"), "bad_token"),
     (GCDConfig, dict(num_generations=1), "num_generations"),
-]
+    # Upper bounds (reliability report, failures 5, 7, 8, 10): each of these passed validation and
+    # then hung, ran out of memory, ended in a traceback after compute or skipped every update.
+    (PPOConfig, dict(p_frozen=1e-300), "p_frozen"),  # the map generator never finds a path
+    (StarPOConfig, dict(env="frozenlake", p_frozen=1e-300), "p_frozen"),
+    (PPOConfig, dict(map_size=32, p_frozen=0.5), "p_frozen"),
+    (StarPOConfig, dict(max_turns=10**12), "max_turns"),  # hung
+    (RCGRPOConfig, dict(max_turns=10**12), "max_turns"),  # hung
+    (PPOConfig, dict(max_turns=10**12), "max_turns"),  # a 262 TiB numpy array
+    (PPOConfig, dict(max_turns=3000), "max_turns"),  # 3000 turns of 3 tokens: past the budget
+    (StarPOConfig, dict(max_actions=10**12), "max_actions"),
+    (GRPOConfig, dict(use_lora=True, lora_r=10**12), "lora_r"),
+    (GRPOConfig, dict(use_lora=True, lora_r=256), "lora_r"),  # wider than the tiny model
+    (ReToolConfig, dict(tool_timeout_s=5000.0), "tool_timeout_s"),  # the pool's limit: 3600 s
+    (ReToolConfig, dict(tool_timeout_s=1e300), "tool_timeout_s"),
+    (ReToolConfig, dict(tool_memory_mb=40), "tool_memory_mb"),  # the pool's minimum: 64 MiB
+    (ReToolConfig, dict(tool_workers=5000), "tool_workers"),
+    *[(cls, {field: 1e38}, field) for field in ("learning_rate", "sft_learning_rate")
+      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)],
+    (PPOConfig, dict(critic_learning_rate=1e38), "critic_learning_rate"),
+    *[(cls, dict(temperature=1e-300), "temperature")
+      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)],
+    (GRPOConfig, dict(beta=1e300), "beta"),
+    (StarPOConfig, dict(entropy_coeff=1e300), "entropy_coeff"),
+    (PPOConfig, dict(vf_coef=1e300), "vf_coef"),
+    (GCDConfig, dict(judge_weight=1e300), "judge_weight"),
+    (GRPOConfig, dict(format_weight=1e300), "format_weight"),
+    (StarPOConfig, dict(format_penalty=1e300), "format_penalty"),
+    (GRPOConfig, dict(temperature=1e300), "temperature"),
+    (StarPOConfig, dict(rollout_filter="dynamic", max_sample_rounds=10**12), "max_sample_rounds"),
+]  # fmt: skip
 
 
 def _bad_values(cls):
@@ -332,6 +373,60 @@ def test_bad_config_is_a_named_error(cls, overrides, field):
     msg = str(exc.value)
     assert msg.startswith(f"{field}: ") and "(got " in msg, msg
     assert isinstance(exc.value, ValueError)  # (what callers caught before)
+
+
+#: Numeric fields where any large value is defined (a longer run, a rarer measurement, one gradient
+#: step per batch): ``agentic_rl.bounds``' docstring. Every other number has an upper bound.
+UNBOUNDED = {"max_steps", "sft_steps", "save_steps", "coupling_every", "grad_share_every",
+             "mini_batch_size"}  # fmt: skip
+
+
+def _huge_values(cls):
+    """1e300 for every float field, 10**12 and 10**30 for every int field (but UNBOUNDED)."""
+    types = cls._field_types()
+    for f in dataclasses.fields(cls):
+        base, _ = types[f.name]
+        if f.name not in UNBOUNDED and base in (int, float):
+            for value in (1e300,) if base is float else (10**12, 10**30):
+                yield cls, {f.name: value}, f.name
+
+
+HUGE_CASES = [c for cls in RECIPE_CONFIGS.values() for c in _huge_values(cls)]
+HUGE_CASES += [
+    (GRPOConfig, dict(eval_size=10**12), "eval_size"),  # MemoryError after the model was built
+    (GRPOConfig, dict(eval_samples=10**12), "eval_samples"),
+    (GCDConfig, dict(eval_size=10**12), "eval_size"),
+    (GCDConfig, dict(eval_samples=10**12), "eval_samples"),
+    (GCDConfig, dict(num_probes=10**12), "num_probes"),
+    (GRPOConfig, dict(model_name_or_path="x", eval_size=10**12), "eval_size"),  # any model
+    (ReToolConfig, dict(tool_memory_mb=10**12), "tool_memory_mb"),  # no limit at all
+    (ReToolConfig, dict(tool_memory_mb=10**30), "tool_memory_mb"),  # every tool call failed
+]
+
+
+@pytest.mark.parametrize(
+    "cls,overrides,field",
+    HUGE_CASES,
+    ids=[f"{c.__name__}-{f}-{o[f]:g}" for c, o, f in HUGE_CASES],
+)
+def test_huge_value_is_a_named_error_before_compute(cls, overrides, field, tmp_path):
+    """Every number has an upper bound (upper-bound and overflow table, all six recipes): refused
+    by ``validate`` or by ``check_environment`` (what the machine's memory holds), naming it."""
+    if "model_name_or_path" in overrides:  # a model folder (its content is not read here)
+        (tmp_path / "model").mkdir()
+        (tmp_path / "model" / "config.json").write_text("{}")
+        overrides = {**overrides, "model_name_or_path": str(tmp_path / "model")}
+    with pytest.raises(ConfigError) as exc:
+        cls(**overrides).check_environment()
+    assert exc.value.field == field, str(exc.value)
+    assert str(exc.value).startswith(f"{field}: ") and "(got " in str(exc.value)
+
+
+def test_unbounded_fields_take_huge_values():
+    for cls in RECIPE_CONFIGS.values():
+        names = {f.name for f in dataclasses.fields(cls)}
+        for name in UNBOUNDED & names:
+            cls(**{name: 10**30}).check_environment()
 
 
 @pytest.mark.parametrize("cls,overrides,field", CASES[:20])
@@ -615,7 +710,7 @@ def test_bad_checkpoint_stops_with_a_named_error_and_deletes_nothing(
     damage, words = FAULTS[fault]
     damage(str(out / "checkpoint.pt"))
     before = _snapshot(out)
-    code, stdout, err = _cli(capsys, "grpo", *TINY, "--max-steps", "3", "--output-dir", str(out))
+    code, stdout, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(out))
     line = _assert_one_line_error(code, err)
     assert code == 1 and f"checkpoint {out / 'checkpoint.pt'}" in line and words in line, line
     assert "Nothing was deleted" in line and "--output-dir" in line
@@ -720,7 +815,7 @@ def test_config_mismatch_is_a_named_error_showing_old_and_new(capsys, finished, 
 def test_max_steps_below_the_checkpoint_is_a_named_error(capsys, finished, tmp_path):
     out = _copy(finished, tmp_path)
     before = _snapshot(out)
-    code, _, err = _cli(capsys, "grpo", *TINY, "--max-steps", "1", "--output-dir", str(out))
+    code, _, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "1"), "--output-dir", str(out))
     line = _assert_one_line_error(code, err)
     assert (
         line.startswith("error: max_steps: ")
@@ -827,7 +922,7 @@ def _rows(path):
 #: A tiny CLI run of every registered recipe (a new recipe adds its row; tests/test_registry.py
 #: checks that every recipe has one).
 TINY_RUNS = {
-    "grpo": [*TINY, "--max-steps", "6", "--save-steps", "1"],
+    "grpo": _with(TINY, "--max-steps", "6", "--save-steps", "1"),
     "ppo": TINY_PPO,
     "retool": [*TINY_RETOOL, "--mask-interpreter", "false"],
     "starpo": [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"],
@@ -867,3 +962,319 @@ def test_kill_9_and_resume_is_identical(tmp_path, name, argv):
 def test_run_errors_share_one_base():
     assert issubclass(ConfigError, RunError) and issubclass(CheckpointError, RunError)
     assert issubclass(RunLockedError, RunError) and issubclass(ConfigMismatchError, ValueError)
+
+
+# ------------------------------------------------ 7. files written safely, and finished runs repaired
+# The reliability report's failures 3, 4, 9, 11, 12 and 13, each with its repro as the test.
+
+
+def test_tmp_symlinks_are_never_written_through(capsys, tmp_path):
+    """Failure 3: ``checkpoint.pt.tmp``, ``metrics.csv.tmp`` and ``summary.json.tmp`` planted as
+    symlinks; the run used to write its bytes into their target."""
+    out = tmp_path / "run"
+    out.mkdir()
+    victims = {}
+    for name in ("checkpoint.pt", "metrics.csv", "sft_metrics.csv", "summary.json"):
+        victim = tmp_path / f"victim-{name}"
+        victim.write_text("keep")
+        os.symlink(victim, out / f"{name}.tmp")
+        victims[name] = victim
+    code, _, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+    assert code == 0, err
+    assert all(v.read_text() == "keep" for v in victims.values())
+    assert ckpt.load(str(out / "checkpoint.pt"))["step"] == 2
+    assert json.loads((out / "summary.json").read_text())["rl_steps"] == 2
+    assert not [n for n in os.listdir(out) if n.startswith(".")]  # no temporary file left
+
+
+def test_write_atomically_makes_a_fresh_file_and_leaves_no_temporary(tmp_path):
+    path = tmp_path / "metrics.csv"
+    ckpt.write_csv([{"step": 1, "loss": 0.5}], str(path))
+    assert path.read_bytes() == b"step,loss\r\n1,0.5\r\n"
+    assert os.listdir(tmp_path) == ["metrics.csv"]
+    assert os.stat(path).st_mode & 0o777 == 0o666 & ~_umask()
+    ckpt._remove_stale_temp_files(str(tmp_path))  # (the lock's cleanup: nothing of ours to do)
+    stale = tmp_path / ".checkpoint.pt.x1y2z3.tmp"  # what a kill during a save leaves
+    stale.write_bytes(b"half")
+    other = tmp_path / ".checkpoint.pt.link.tmp"
+    os.symlink(tmp_path / "metrics.csv", other)  # not a regular file: not ours, left alone
+    with ckpt.run_lock(str(tmp_path)):
+        pass
+    assert not stale.exists() and os.path.islink(other) and path.exists()
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: What a run's output names can be taken by (failures 11 and 13): each refused in one line naming
+#: the path, before compute.
+def _fifo(path):
+    os.mkfifo(path)
+
+
+def _folder(path):
+    os.mkdir(path)
+
+
+def _dangling(path):
+    os.symlink(str(path) + ".nowhere", path)
+
+
+def _link_out(path):
+    victim = os.path.join(os.path.dirname(os.path.dirname(path)), "victim.txt")
+    open(victim, "w").write("keep")
+    os.symlink(victim, path)
+
+
+TAKEN = [
+    ("checkpoint.pt", _fifo, "a FIFO"),  # blocked forever in preflight
+    ("checkpoint.pt", _folder, "a folder"),
+    ("metrics.csv", _folder, "a folder"),  # IsADirectoryError at the first checkpoint
+    ("metrics.csv", _fifo, "a FIFO"),
+    ("run.lock", _folder, "a folder"),  # IsADirectoryError in preflight
+    ("run.lock", _fifo, "a FIFO"),
+    ("summary.json", _dangling, "a symbolic link"),
+    ("sft_metrics.csv", _link_out, "a symbolic link"),
+]
+
+
+@pytest.mark.parametrize(
+    "name,make,kind", TAKEN, ids=[f"{n}-{m.__name__.strip('_')}" for n, m, _ in TAKEN]
+)
+def test_an_output_name_that_is_not_a_regular_file_is_refused(tmp_path, name, make, kind):
+    out = tmp_path / "run"
+    out.mkdir()
+    make(str(out / name))
+    r = _run("grpo", *TINY, "--output-dir", str(out), timeout=60)  # (a hang fails here)
+    line = _assert_one_line_error(r.returncode, r.stderr)
+    assert r.returncode == 1 and f"{out / name} is {kind}, not a regular file" in line, line
+    assert sorted(os.listdir(out)) == [name]  # nothing written
+    with pytest.raises(RunError, match="not a regular file"):  # the Python API too
+        GRPOTrainer(GRPOConfig.from_profile("quick", **_tiny_kwargs(out))).train()
+    if name == "checkpoint.pt" and kind == "a FIFO":
+        with pytest.raises(CheckpointError, match="is a FIFO"):
+            ckpt.load(str(out / name))  # without waiting for a writer
+
+
+def _proc_dir():
+    return "/proc/agentic-rl-test" if os.path.isdir("/proc/self") else None
+
+
+@pytest.mark.parametrize("case", ["dangling-symlink", "long-name", "proc", "under-dangling"])
+def test_output_folder_edge_cases_are_refused_before_compute(capsys, tmp_path, case):
+    """Failure 9: each passed the checks and failed with a traceback after the model was built."""
+    if case == "dangling-symlink":  # the repro: ln -s nowhere runs_link
+        out, words = tmp_path / "runs_link", "is a symbolic link to"
+        os.symlink("nowhere", out)
+    elif case == "long-name":
+        out, words = tmp_path / ("x" * 256), "over the 255 allowed"
+    elif case == "under-dangling":
+        os.symlink("nowhere", tmp_path / "link")
+        out, words = tmp_path / "link" / "run", "is a symbolic link to a missing folder"
+    else:
+        if _proc_dir() is None:
+            pytest.skip("no /proc")
+        out, words = _proc_dir(), "cannot be created"
+    code, _, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+    line = _assert_one_line_error(code, err)
+    assert code == 2 and line.startswith("error: output_dir: ") and words in line, line
+
+
+# A finished run's end files (failure 4): a kill after the final checkpoint, or a damaged file.
+
+
+def _delete(path):
+    os.remove(path)
+
+
+def _edit_row(path):
+    text = open(path).read()
+    open(path, "w").write(text.replace("\n1,", "\n7,", 1))
+
+
+def _truncate_text(path):
+    text = open(path).read()
+    open(path, "w").write(text[: len(text) // 2])
+
+
+def _not_json(path):
+    open(path, "w").write("{not json")
+
+
+DAMAGE = [
+    (("summary.json", "sft_metrics.csv"), _delete),  # the kill -9 window after the checkpoint
+    (("summary.json",), _delete),
+    (("sft_metrics.csv",), _delete),
+    (("metrics.csv",), _delete),
+    (("metrics.csv",), _edit_row),
+    (("metrics.csv",), _truncate_text),
+    (("summary.json",), _not_json),
+]
+
+
+@pytest.mark.parametrize(
+    "names,damage", DAMAGE, ids=[f"{'+'.join(n)}-{d.__name__.strip('_')}" for n, d in DAMAGE]
+)
+def test_a_finished_run_rewrites_missing_or_damaged_files(capsys, finished, tmp_path, names, damage):
+    out = _copy(finished, tmp_path)
+    reference = _snapshot(out)
+    for name in names:
+        damage(str(out / name))
+    code, stdout, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))
+    assert code == 0, err
+    assert "already complete" in err and "nothing was changed" not in err
+    assert f"rewrote {', '.join(n for n in ckpt.OUTPUT_NAMES if n in names)}" in err, err
+    after = _snapshot(out)
+    assert {k: v[0] for k, v in after.items() if k != "summary.json"} == {
+        k: v[0] for k, v in reference.items() if k != "summary.json"
+    }
+    summaries = [json.loads(s["summary.json"][0]) for s in (after, reference)]
+    for summary in summaries:  # (a rewritten summary names the copy's folder)
+        summary["config"].pop("output_dir")
+    assert summaries[0] == summaries[1]
+    for name in set(reference) - set(names):  # the sound files are not touched
+        assert after[name] == reference[name]
+    code, _, err = _cli(capsys, "grpo", *TINY, "--output-dir", str(out))  # now all is sound
+    assert code == 0 and "nothing was changed" in err and _snapshot(out) == after
+
+
+def test_a_finished_run_with_another_device_keeps_its_summary(capsys, finished, tmp_path):
+    """The fields a resumed run may change (device, output folder) do not count as damage."""
+    out = _copy(finished, tmp_path)
+    before = _snapshot(out)
+    code, _, err = _cli(capsys, "grpo", *_with(TINY, "--device", "auto"), "--output-dir", str(out))
+    assert code == 0 and "nothing was changed" in err and _snapshot(out) == before
+
+
+def test_a_swapped_longer_checkpoint_rewrites_the_end_files(capsys, finished, tmp_path):
+    """The checkpoint of a longer run with the same config, put in a finished run's folder: the
+    old 2-step metrics.csv and summary.json are rewritten to match it."""
+    out, longer = _copy(finished, tmp_path), tmp_path / "longer"
+    code, _, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(longer))
+    assert code == 0, err
+    shutil.copy(longer / "checkpoint.pt", out / "checkpoint.pt")
+    code, stdout, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(out))
+    assert code == 0 and "rewrote metrics.csv, summary.json" in err, err
+    assert _rows(out / "metrics.csv") == _rows(longer / "metrics.csv")
+    assert json.loads((out / "summary.json").read_text())["rl_steps"] == 3
+
+
+# Checkpoints with a valid header but contents that do not fit (failure 12).
+
+
+def _set(key, value):
+    def change(state):
+        state[key] = value
+
+    change.__name__ = f"{key}={value!r}"[:40]
+    return change
+
+
+def _drop_model_key(state):
+    state["model"].pop(sorted(state["model"])[0])
+
+
+def _nan_weights(state):
+    name = sorted(state["model"])[0]
+    state["model"][name] = torch.full_like(state["model"][name], float("nan"))
+
+
+def _wrong_shape(state):
+    name = sorted(state["model"])[0]
+    state["model"][name] = torch.zeros(3, 5)
+
+
+def _optimizer_shape(state):
+    first = next(iter(state["optimizer"]["state"].values()))
+    first["exp_avg"] = torch.zeros(7)
+
+
+def _rng_none(state):
+    state["rng"] = {"python": None}
+
+
+def _history_short(state):
+    state["history"] = state["history"][:1]
+
+
+TAMPERED = [
+    (_set("step", "two"), "step 'two' is not a number of steps"),  # TypeError in preflight
+    (_set("history", None), "history is not a list of rows"),
+    (_rng_none, "RNG state does not restore"),
+    (_drop_model_key, "its model does not fit this run"),
+    (_set("optimizer", {}), "optimizer is not an optimizer's state"),
+    (_nan_weights, "is not finite"),  # a sampling RuntimeError
+    (_set("step", -5), "step -5 is not a number of steps"),  # logged steps -4 to 4, exit 0
+    (_set("phase", "bogus"), "phase 'bogus'"),  # never counted as complete
+    (_set("config", {}), "its config lacks"),  # the config check was skipped
+    (_wrong_shape, "its model does not fit this run"),
+    (_optimizer_shape, "its optimizer does not fit this run"),
+    (_history_short, "rl step 2 with 1 rows of rl history"),
+    (_set("wall_time", float("nan")), "wall_time nan"),
+    (_set("evals", {"later": {}}), "evals is not a dict"),
+]
+
+
+@pytest.mark.parametrize(
+    "tamper,words", TAMPERED, ids=[t.__name__.strip("_") for t, _ in TAMPERED]
+)
+def test_a_checkpoint_whose_contents_do_not_fit_is_refused_in_one_line(
+    capsys, finished, tmp_path, tamper, words
+):
+    """The repro: load, change, ``checkpoint.save`` (a valid header and hash), resume."""
+    out = _copy(finished, tmp_path)
+    state = ckpt.load(str(out / "checkpoint.pt"))
+    tamper(state)
+    ckpt.save(state, str(out / "checkpoint.pt"))
+    before = _snapshot(out)
+    code, _, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "4"), "--output-dir", str(out))
+    line = _assert_one_line_error(code, err)
+    assert code == 1 and line.startswith(f"error: checkpoint {out / 'checkpoint.pt'}: "), line
+    assert words in line, line
+    assert _snapshot(out) == before
+
+
+def test_a_run_whose_every_update_is_skipped_exits_non_zero(tmp_path, tiny_config):
+    """Failure 10: coefficients of 1e300 made every loss NaN; the run wrote its files and exited 0.
+    (Such coefficients are now refused; a loss that is never finite is still an error.)"""
+    from agentic_rl.runs import run_recipe
+
+    class NaNLoss(GRPOTrainer):
+        def compute_loss(self, batch, advantages, **kw):
+            loss, metrics = super().compute_loss(batch, advantages, **kw)
+            return loss * float("nan"), metrics
+
+    out = tmp_path / "run"
+    trainer = NaNLoss(tiny_config(output_dir=str(out)))
+    with pytest.warns(RuntimeWarning, match="skipped this update"):
+        with pytest.raises(RunError, match=r"every one of the run's 2 RL steps skipped its update "
+                           r"\(the last: the loss was nan\)"):  # fmt: skip
+            run_recipe(trainer)
+    assert json.loads((out / "summary.json").read_text())["rl_steps"] == 2  # files written
+    with pytest.raises(RunError, match="skipped its update"):  # and again when it is complete
+        run_recipe(GRPOTrainer(tiny_config(output_dir=str(out))))
+
+
+@pytest.mark.parametrize(
+    "timeout_s,memory_mb",
+    [(1.0, 256), (3600.0, 64), (3600.1, 256), (5000.0, 256), (1e300, 256), (1.0, 63), (1.0, 40)],
+)
+def test_retool_tool_limits_are_the_sandbox_pools(timeout_s, memory_mb):
+    """Failure 7: the config allowed what ``sandbox.Pool`` refuses at the first rollout, after SFT
+    (a traceback). Both now take the same values (the machine's RAM caps memory_mb further)."""
+    from agentic_rl import sandbox
+
+    try:
+        sandbox._check_limits(timeout_s, memory_mb, 4096)
+        pool_takes = True
+    except ValueError:
+        pool_takes = False
+    try:
+        ReToolConfig(tool_timeout_s=timeout_s, tool_memory_mb=memory_mb)
+        config_takes = True
+    except ConfigError:
+        config_takes = False
+    assert config_takes == pool_takes

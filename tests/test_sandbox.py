@@ -4,7 +4,9 @@ Every adversarial program is bounded (``timeout_s`` 1 s, ``memory_mb`` 128, 4 KB
 must come back as a :class:`~agentic_rl.sandbox.Result` with ``error`` set, while this process, its
 parent and the files around it stay untouched. Programs that try to escape aim at a world-writable
 probe folder, so that only the sandbox's guards (not file permissions) can stop them: a file in it
-after the run is an escape. The namespace layer is also tested alone, with the audit hook taken out.
+after the run is an escape. The namespace layer is also tested alone, with the audit hook taken out,
+and so are the kernel's layers (the bubblewrap jail, its seccomp filter and disk quota) against
+every attack of the reliability review, from a fresh interpreter that may import ``ctypes``.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from agentic_rl.sandbox import Pool, Result
 TIMEOUT_S = 1.0
 CAP = 4096
 HAS_NAMESPACES = "PID and IPC namespaces" in sandbox.isolation()
+# Root without CAP_SYS_ADMIN (a container's root): bubblewrap works inside a user namespace, where
+# the zygote and its snippets are that namespace's root (no other user is mapped: no nobody).
+IN_USER_NAMESPACE = "user namespace" in sandbox.isolation()
+# ... as are snippets started through util-linux's unshare --map-root-user (the fallback).
+NAMESPACE_ROOT = IN_USER_NAMESPACE and sandbox.run("import os; print(os.getuid())").stdout == "0\n"
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +66,31 @@ def processes_mentioning(text: str) -> list[int]:
         except OSError:
             pass
     return pids
+
+
+def parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def zygote_pid(pool, index: int = 0) -> int:
+    """The zygote's own process (its launcher's child, where a launcher starts it)."""
+    started = pool._zygotes[index].proc.pid
+    if pool._launcher.kind == "none":
+        return started
+    return next(pid for pid in processes_mentioning(pool._base) if parent(pid) == started)
+
+
+def zygote_processes(pool) -> set[int]:
+    """A Pool's zygotes, and their launchers (bwrap or unshare) where one starts them: any other
+    process that mentions the Pool's folder is a snippet's, or something a snippet left."""
+    started = {zygote.proc.pid for zygote in pool._zygotes}
+    if pool._launcher.kind == "none":
+        return started
+    return started | {pid for pid in processes_mentioning(pool._base) if parent(pid) in started}
 
 
 # ---- Normal behaviour ----
@@ -133,7 +165,7 @@ def test_environment_is_empty(monkeypatch):
 
 def test_root_runs_snippets_as_nobody():
     r = sandbox.run("import os; print(os.getuid(), os.geteuid(), os.getgid(), os.getgroups())")
-    if os.geteuid() == 0:
+    if os.geteuid() == 0 and not IN_USER_NAMESPACE:
         assert r.stdout == "65534 65534 65534 []\n"
         assert "runs as nobody" in sandbox.isolation()
     else:
@@ -172,7 +204,7 @@ def test_pool_continues_after_a_timeout(pool):
 def test_pool_survives_a_killed_zygote():
     with Pool(1, timeout_s=5) as p:
         zygote = p._zygotes[0].proc.pid
-        threading.Timer(0.3, os.kill, (zygote, signal.SIGKILL)).start()
+        threading.Timer(0.3, os.kill, (zygote_pid(p), signal.SIGKILL)).start()
         start = time.monotonic()
         r = p.run("import time; time.sleep(4)")
         assert time.monotonic() - start < 2
@@ -180,9 +212,11 @@ def test_pool_survives_a_killed_zygote():
         assert p.run("print('back')").stdout == "back\n"
         new = p._zygotes[0].proc.pid
         assert new != zygote
-        # The orphaned snippet died with its zygote (PR_SET_PDEATHSIG), nothing else is left.
+        # The orphaned snippet died with its zygote (the zygote was PID 1 of their namespace),
+        # nothing else is left.
         time.sleep(0.2)
-        assert processes_mentioning(p._base) == [new]
+        if HAS_NAMESPACES:
+            assert set(processes_mentioning(p._base)) == zygote_processes(p)
         os.kill(new, signal.SIGKILL)  # killed while idle: replaced before the next snippet
         p._zygotes[0].proc.wait()
         assert p.run("print('again')").stdout == "again\n"
@@ -191,11 +225,16 @@ def test_pool_survives_a_killed_zygote():
 def test_close_leaves_no_process_folder_or_zombie():
     p = Pool(2)
     assert p.run("print(1)").ok
-    pids, base = [z.proc.pid for z in p._zygotes], p._base
-    assert sorted(processes_mentioning(base)) == sorted(pids)
+    pids, base, started = zygote_processes(p), p._base, [z.proc.pid for z in p._zygotes]
+    assert set(processes_mentioning(base)) == pids
     p.close()
     p.close()
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)  # reaped: no zombies
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in started)  # reaped: no zombies
+    # (A zygote under a launcher is the launcher's child: once that is gone, init reaps it.)
+    deadline = time.monotonic() + 2
+    while any(os.path.exists(f"/proc/{pid}") for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
     assert processes_mentioning(base) == [] and not os.path.exists(base)
     with pytest.raises(ValueError, match="closed"):
         p.run("print(1)")
@@ -266,6 +305,12 @@ def refused(r: Result) -> None:
     """Refused one way or another: by the audit hook, or earlier (e.g. ``import pty`` fails when the
     snippet's user cannot read the standard library)."""
     assert not r.ok and r.error and not r.timed_out, r
+
+
+def refused_unless_namespace_root(r: Result) -> None:
+    """As root of a user namespace (see NAMESPACE_ROOT), setuid(0) changes nothing."""
+    if not NAMESPACE_ROOT:
+        refused(r)
 
 
 def failed(prefix: str):
@@ -356,7 +401,7 @@ ADVERSARIAL = [
      blocked("resource.setrlimit")),
     ("many threads", ("import _thread, time\nfor _ in range(1000):\n"
                       "    _thread.start_new_thread(time.sleep, (5,))"), failed("RuntimeError")),
-    ("setuid root", "import os; os.setuid(0)", refused),
+    ("setuid root", "import os; os.setuid(0)", refused_unless_namespace_root),
     ("chroot and write", "import os; os.chroot('/tmp'); open('/x', 'w')", refused),
     ("rebind builtins to fool the hook", ("import builtins\nbuiltins.str = bytes\n"
      "builtins.isinstance = lambda *a: False\nprint(open('/etc/hostname').read())"),
@@ -398,7 +443,7 @@ def test_daemon_does_not_outlive_the_run(pool, probe):
     assert r.error == "blocked: os.fork"
     time.sleep(1.0)
     assert os.listdir(probe) == []
-    assert sorted(processes_mentioning(pool._base)) == sorted(z.proc.pid for z in pool._zygotes)
+    assert set(processes_mentioning(pool._base)) == zygote_processes(pool)
 
 
 def test_kill_everything_is_blocked(pool):
@@ -466,17 +511,18 @@ def test_namespaces_alone_end_daemons_with_the_run(unhooked, probe):
     assert r.ok, r
     time.sleep(1.0)
     assert os.listdir(probe) == [], "a daemon outlived the run"
-    assert processes_mentioning(unhooked._base) == [unhooked._zygotes[0].proc.pid]
+    assert set(processes_mentioning(unhooked._base)) == zygote_processes(unhooked)
 
 
 @pytest.mark.skipif(not HAS_NAMESPACES, reason="no namespaces on this machine")
 def test_namespaces_alone_confine_signals(unhooked):
-    # Inside its PID namespace the snippet is PID 1 and sees no other process: check that with
-    # the harmless signal 0 before sending anything real.
+    # Inside the zygote's PID namespace the snippet sees no process but itself and the zygote
+    # (PID 1, which kill(-1) skips): check that with the harmless signal 0 before anything real.
     code = "import os\ntry:\n    os.kill({}, 0)\nexcept ProcessLookupError:\n    print('none')"
     for target in (-1, os.getpid(), os.getppid()):
         assert unhooked.run(code.format(target)).stdout == "none\n"
-    assert unhooked.run("import os; print(os.getpid(), os.getppid())").stdout == "1 0\n"
+    # Its parent is the zygote, PID 1 of the namespace (the zygote's launcher made it).
+    assert unhooked.run("import os; print(os.getppid())").stdout == "1\n"
     unhooked.run("import os; os.kill(-1, 9)")
     unhooked.run("import os; os.killpg(0, 9)")
     assert unhooked.run("print('alive')").ok and os.path.exists(f"/proc/{os.getppid()}")
@@ -499,3 +545,251 @@ def test_network_namespace_alone_has_no_network(unhooked):
         assert r.ok and r.stdout.strip() in {"ConnectionRefusedError", "OSError", "TimeoutError"}
         with pytest.raises(TimeoutError):
             listener.accept()
+
+
+# ---- The reliability review's attacks (shared/reviews/reliability.md, failures 1, 2, 6, 15, 17) ----
+#
+# Each ran against the sandbox before the kernel layers existed, and escaped or leaked. The report's
+# repro is the test where one was given. The first group goes through the whole sandbox (the
+# audit hook included); the second takes the hook out and execs a fresh interpreter with ctypes,
+# an attacker who already got past every Python-level guard: only the kernel's layers remain.
+
+BWRAP = shutil.which("bwrap")
+needs_bwrap = pytest.mark.skipif(
+    BWRAP is None, reason="bubblewrap (bwrap) is not installed: no mount namespace, no seccomp filter"
+)
+JAILED = "mount namespace" in sandbox.isolation()
+REPORT_CTYPES = (  # the report's repro of failure 1, as printed there
+    "import sys,os\ng=sys._getframe(1).f_globals;c=g[\"ctypes\"];a=c.c_ssize_t(0);p=c.pointer(a)\n"
+    "b=next(id(a)+8+8*k for k in range(1,16) if p[-k]==id(type(a)))\n"
+    "p[(id(g[\"_BLOCKED\"])+16-b)//8]=0\nos.system(\"head -c 32 /etc/passwd; touch PROBE/x\")"
+)
+SUBCLASS_CTYPES = """
+import sys, os
+seen, todo = {}, [object]
+while todo:
+    for sub in type.__subclasses__(todo.pop()):
+        if sub.__name__ not in seen:
+            seen[sub.__name__] = sub
+            todo.append(sub)
+if 'LP_c_char' not in seen:
+    raise LookupError('no ctypes class in reach')
+a = seen['c_char'](b'x')
+p = seen['LP_c_char'](a)
+word = lambda at: int.from_bytes(b''.join(p[at + i] for i in range(8)), 'little')
+b = next(id(a) + 8 + 8 * k for k in range(1, 16) if word(-8 * k) == id(type(a)))
+at = id(sys._getframe(1).f_globals['_BLOCKED']) + 16 - b
+for i in range(8):
+    p[at + i] = b'\\0'
+os.system('head -c 32 /etc/passwd; touch PROBE/x')
+"""
+
+
+def jail_is_expected() -> bool:
+    """Whether bubblewrap can make namespaces here (it cannot in some containers): then the
+    sandbox must use it."""
+    if BWRAP is None:
+        return False
+    for extra in ([], ["--unshare-user"]):
+        command = [BWRAP, *extra, "--unshare-net", "--ro-bind", "/", "/", "true"]
+        if subprocess.run(command, capture_output=True, check=False).returncode == 0:
+            return True
+    return False
+
+
+JAIL_EXPECTED = jail_is_expected()
+
+
+def test_isolation_uses_bubblewrap_where_it_works():
+    if not JAIL_EXPECTED:
+        pytest.skip("bubblewrap is missing or cannot make namespaces here")
+    text = sandbox.isolation()
+    assert "mount namespace" in text and "seccomp" in text and "disk quota" in text, text
+
+
+@pytest.mark.parametrize("attack", [REPORT_CTYPES, SUBCLASS_CTYPES], ids=["frame", "subclasses"])
+def test_report_ctypes_hook_bypass_is_contained(pool, probe, attack):
+    r = pool.run(attack.replace("PROBE", probe))
+    assert "root:" not in r.stdout and not r.ok, r
+    assert os.listdir(probe) == []
+    assert pool.run("import sys; print(sorted(m for m in sys.modules if 'ctypes' in m))").stdout == (
+        "[]\n"
+    )
+
+
+def test_report_ctypes_escape_through_one_multiply_env_step(probe):
+    # The review reached the same bypass through one action of the ReTool environment: the code
+    # block's words become the program print(exec(...)), which runs the payload one frame deeper.
+    payload = (
+        "import sys\nf = sys._getframe()\nwhile '_BLOCKED' not in f.f_globals:\n    f = f.f_back\n"
+        + REPORT_CTYPES.replace("sys._getframe(1)", "f").replace("PROBE", probe)
+    )
+    from agentic_rl.envs import MultiplyEnv
+
+    env = MultiplyEnv()
+    env.reset(3)
+    action = f"<code> exec(bytes.fromhex('{payload.encode().hex()}')) </code>"
+    observation, _, _, _ = env.step(action)
+    assert "Error" in observation and os.listdir(probe) == [], observation
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["import os; os.mknod('PROBE/node')", "import os; os.mkfifo('PROBE/fifo')"],
+    ids=["mknod", "mkfifo"],
+)
+def test_report_mknod_and_mkfifo_outside_the_folder(pool, probe, code):
+    r = pool.run(code.replace("PROBE", probe))
+    assert not r.ok and os.listdir(probe) == [], r
+
+
+MEMFD = (  # the report's repro of failure 6 (memory): 896 MiB held under a 256 MiB cap
+    "import os\nfor i in range(56):\n  fd=os.memfd_create(\"x\")\n"
+    "  for _ in range(16): os.write(fd, b\"b\"*(1<<20))\nprint(\"ok\")"
+)
+DISK_FILL = """
+import os
+written = 0
+try:
+    for i in range(10**4):
+        with open(f'f{i}', 'wb') as fh:
+            for _ in range(16):
+                fh.write(b'x' * (1 << 20))
+                written += 1
+except OSError as err:
+    print(written, err.errno)
+"""
+
+
+def test_report_memfd_beyond_the_memory_cap():
+    r = sandbox.run(MEMFD, timeout_s=3)
+    assert r.stdout != "ok\n" and not r.ok, r
+
+
+@pytest.mark.skipif(not JAIL_EXPECTED, reason="no bubblewrap here: no disk quota")
+def test_report_disk_fill_inside_the_deadline():
+    r = sandbox.run(DISK_FILL, timeout_s=3)
+    written, errno = map(int, r.stdout.split())
+    assert written <= sandbox.DISK_MB and errno in (27, 28), r  # EFBIG or ENOSPC
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        "import os; print(os.listdir('/'))",
+        "import os; print(os.listdir('/proc'))",
+        "import os; print(os.listdir('CHECKOUT'))",
+        "import os; print(list(os.scandir('CHECKOUT')))",
+        "import os; os.chdir('/'); print(os.listdir())",
+    ],
+    ids=["root", "proc", "checkout", "scandir", "chdir"],
+)
+def test_report_listing_outside_the_folder(pool, code):
+    checkout = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = pool.run(code.replace("CHECKOUT", checkout))
+    assert not r.ok and r.stdout == "", r
+
+
+@pytest.mark.skipif(not JAIL_EXPECTED, reason="no bubblewrap here: stat sees the host")
+@pytest.mark.parametrize("path", ["/etc/shadow", "/etc/passwd", "/proc/1", "TESTFILE"])
+def test_report_stat_outside_the_folder(pool, path):
+    r = pool.run(f"import os; os.stat({path.replace('TESTFILE', __file__)!r})")
+    assert r.error == "FileNotFoundError: " + (
+        f"[Errno 2] No such file or directory: {path.replace('TESTFILE', __file__)!r}"
+    ), r
+
+
+def test_report_head_of_line_blocking():
+    # Harmless snippets waited behind busy loops until the loops' deadline (the report: a p50 of
+    # 3.3 s with 10 busy loops among 50 requests on Pool(2)). Now a snippet still running after
+    # QUANTUM_S gives up its worker's turn and runs on at idle priority in an extra zygote.
+    done, lock = {}, threading.Lock()
+    with Pool(2, timeout_s=3.0) as p:
+        p.map(["pass"] * 2)
+        start = time.monotonic()
+
+        def one(i: int, code: str) -> None:
+            p.run(code)
+            with lock:
+                done[i] = time.monotonic() - start
+
+        busy = [threading.Thread(target=one, args=(i, "while True: pass")) for i in range(4)]
+        for t in busy:
+            t.start()
+        time.sleep(0.1)  # the busy loops hold both workers first
+        harmless = [threading.Thread(target=one, args=(i, f"print({i})")) for i in range(4, 14)]
+        for t in harmless:
+            t.start()
+        for t in busy + harmless:
+            t.join()
+    waits = sorted(done[i] for i in range(4, 14))
+    assert waits[-1] < 2.5, f"harmless snippets waited {waits} s behind 3 s busy loops"
+    assert min(done[i] for i in range(4)) >= 3.0
+
+
+# The kernel's layers alone: no audit hook, and a freshly exec'd interpreter that may import
+# ctypes (the zygote's own guards are gone with the exec).
+def escaped(code: str) -> str:
+    # The system's Python where there is one: a snippet run as nobody cannot read a Python
+    # installed in root's home folder (this machine's pyenv), in the jail or outside it.
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    return f"import os\nos.execv({python!r}, [{python!r}, '-I', '-S', '-c', {code!r}])"
+
+
+needs_jail = pytest.mark.skipif(not JAIL_EXPECTED, reason="no bubblewrap jail here")
+
+
+@needs_jail
+def test_kernel_alone_shell_reads_no_secrets_and_writes_nothing(unhooked, probe):
+    checkout_file, outside = os.path.abspath(__file__), f"/tmp/agentic_rl_escape_{os.getpid()}"
+    shell = (
+        f"head -c 32 /etc/passwd; head -c 32 {checkout_file}; touch {probe}/x; mkfifo {probe}/f;"
+        f" touch {outside}; ls /proc /home /work; echo done"
+    )
+    r = unhooked.run(f"import os; os.system({shell!r})")
+    assert r.stdout == "done\n", r
+    assert os.listdir(probe) == [] and not os.path.exists(outside)
+
+
+@needs_jail
+def test_kernel_alone_sees_no_host_tree(unhooked):
+    code = (
+        "import os\nprint(sorted(os.listdir('/')))\n"
+        "for path in ('/etc/shadow', '/etc/passwd', '/proc/1', '/home', 'CHECKOUT'):\n"
+        "    print(os.path.exists(path))"
+    ).replace("CHECKOUT", os.path.abspath(__file__))
+    r = unhooked.run(escaped(code))
+    top, *exists = r.stdout.splitlines()
+    assert exists == ["False"] * 5, r
+    assert not {"proc", "home", "work", "root" if os.geteuid() else "home"} & set(eval(top))
+
+
+SYSCALL = (
+    "import ctypes, os, platform\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+    "nr = {'x86_64': NR_X86, 'aarch64': NR_ARM}[platform.machine()]\n"
+    "print(libc.syscall(nr, ARGS), ctypes.get_errno())"
+)
+
+
+@needs_jail
+@pytest.mark.skipif(os.uname().machine not in ("x86_64", "aarch64"), reason="no syscall table")
+@pytest.mark.parametrize(
+    "nr_x86, nr_arm, args",
+    [(319, 279, "b'x', 0"), (101, 117, "16, 1, 0, 0"), (272, 97, "0x10000000")],
+    ids=["memfd_create", "ptrace attach to the zygote", "unshare a user namespace"],
+)
+def test_kernel_alone_refuses_syscalls(unhooked, nr_x86, nr_arm, args):
+    code = SYSCALL.replace("NR_X86", str(nr_x86)).replace("NR_ARM", str(nr_arm))
+    r = unhooked.run(escaped(code.replace("ARGS", args)))
+    if "No module named" in (r.error or ""):
+        pytest.skip("ctypes cannot be imported in the jail here")
+    assert r.stdout == "-1 1\n", r  # EPERM
+
+
+@needs_jail
+def test_kernel_alone_memfd_and_disk_are_bounded(unhooked):
+    r = unhooked.run(escaped(MEMFD))
+    assert r.stdout != "ok\n" and "PermissionError" in r.stderr, r
+    r = unhooked.run(escaped(DISK_FILL))
+    written, errno = map(int, r.stdout.split())
+    assert written <= sandbox.DISK_MB and errno in (27, 28), r

@@ -267,7 +267,8 @@ def test_cli_takes_the_critic_and_kl_in_reward_and_refuses_bad_values(tmp_path, 
         (["--beta", "0"], "kl_in_reward: needs beta > 0"),
         (["--mask-observations", "false"], "mask_observations: has nothing to unmask on the bandit"),
     ):
+        given = argv[:5] + argv[7:] if extra[0] == "--beta" else argv  # each flag once
         with pytest.raises(SystemExit) as exit_:
-            main([*argv, *extra, "--output-dir", str(tmp_path / "bad")])
+            main([*given, *extra, "--output-dir", str(tmp_path / "bad")])
         assert exit_.value.code == 2 and why in capsys.readouterr().err
         assert not (tmp_path / "bad").exists()  # refused before anything was written

@@ -12,16 +12,20 @@ with :class:`CheckpointError` (which file, what is wrong, what to do) before any
 built, and nothing is deleted. The state must therefore hold plain types only (the trainer stores
 numpy's RNG state as a tensor, for example).
 
-Writing is atomic (a temporary file, ``fsync``, ``os.replace``): a run killed while writing leaves
-the previous checkpoint intact.
+Writing is atomic (a fresh temporary file in the folder, created exclusively and never through a
+symlink, then ``fsync`` and ``os.replace``): a run killed while writing leaves the previous
+checkpoint intact, and a name planted in the folder cannot redirect the write. Every name a run
+writes (:data:`OUTPUT_NAMES`) must be a regular file or absent (:func:`check_output_names`): a
+folder, a FIFO or a symlink in its place stops the run with :class:`OutputFileError`.
 
 :func:`run_lock` holds an exclusive ``fcntl.flock`` on ``<output_dir>/run.lock`` while a run uses
 the folder. The operating system releases it when the process ends, however it ends, so a run killed
 with ``kill -9`` leaves no stale lock. (Where ``fcntl`` does not exist, Windows, there is no lock.)
 
 A trainer's state (:data:`STATE_KEYS`) holds its RNG streams as plain types (:func:`rng_state`,
-:func:`set_rng_state`); :func:`check_resumable` says whether a config may continue it, and
-:func:`check_world_size` whether this many ranks may.
+:func:`set_rng_state`); :func:`check_resumable` says whether a config may continue it (its config,
+and its contents: :func:`check_contents`), :func:`check_world_size` whether this many ranks may,
+and :func:`restore` continues a trainer from it.
 
 Versions: 2 names the RL phase ``"rl"`` (version 1 called it ``"grpo"``, whatever the recipe);
 a version-1 file is refused with what to do.
@@ -29,11 +33,14 @@ a version-1 file is refused with what to do.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import random
 import re
+import stat
+import tempfile
 from contextlib import contextmanager
 
 from .config import ConfigError, RunError
@@ -43,6 +50,9 @@ __all__ = [
     "CheckpointError",
     "ConfigMismatchError",
     "RunLockedError",
+    "OutputFileError",
+    "OUTPUT_NAMES",
+    "check_output_names",
     "save",
     "load",
     "run_lock",
@@ -52,10 +62,14 @@ __all__ = [
     "rng_state",
     "set_rng_state",
     "check_resumable",
+    "check_contents",
+    "restore",
     "check_world_size",
     "policy_state",
     "load_policy_state",
     "write_csv",
+    "csv_bytes",
+    "write_atomically",
 ]
 
 MAGIC = b"AGENTIC-RL-CHECKPOINT"
@@ -71,6 +85,8 @@ STATE_KEYS = (
     "evals", "wall_time", "config",
 )  # fmt: skip
 LOCK_FILE = "run.lock"
+#: Every name a run writes in its output folder.
+OUTPUT_NAMES = (CHECKPOINT, "metrics.csv", "sft_metrics.csv", "summary.json", LOCK_FILE)
 _HEADER = re.compile(rb"AGENTIC-RL-CHECKPOINT (\d+) sha256=([0-9a-f]{64}) bytes=(\d+)\n")
 _WHAT_TO_DO = (
     "Nothing was deleted. To start this run over, move the file away (or run with --resume "
@@ -109,6 +125,89 @@ class RunLockedError(RunError):
     """Another live process is running in the same output folder."""
 
 
+class OutputFileError(RunError):
+    """A name the run writes in its output folder is held by something else than a regular file
+    (a folder, a FIFO, a symlink, a device): the run stops instead of writing through it."""
+
+
+def _kind(mode: int) -> str:
+    kinds = ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a folder"),
+             (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"))  # fmt: skip
+    return next((word for test, word in kinds if test(mode)), "a device")
+
+
+def check_output_name(path: str) -> None:
+    """Raise :class:`OutputFileError` unless ``path`` is absent or a regular file."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        why = f"output_dir: cannot inspect {path} ({err.strerror or err})"
+        raise OutputFileError(why) from None
+    if not stat.S_ISREG(mode):
+        raise _not_regular(path, mode)
+
+
+def _not_regular(path: str, mode: int) -> OutputFileError:
+    return OutputFileError(
+        f"output_dir: {path} is {_kind(mode)}, not a regular file; a run writes only regular "
+        f"files there: move it away, or use another --output-dir (got {os.path.dirname(path)!r})"
+    )
+
+
+def check_output_names(output_dir: str) -> None:
+    """Every name a run writes in ``output_dir`` (:data:`OUTPUT_NAMES`) is a regular file or
+    absent; else :class:`OutputFileError`, before any compute."""
+    for name in OUTPUT_NAMES:
+        check_output_name(os.path.join(output_dir, name))
+
+
+def _temp_prefix(name: str) -> str:
+    return f".{name}."
+
+
+def write_atomically(path: str, *chunks) -> None:
+    """Write ``chunks`` (bytes) to ``path`` atomically: a fresh temporary file in the same folder
+    (``mkstemp``: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so never through a planted name), ``fsync``,
+    then ``os.replace``. ``path`` must be a regular file or absent (:func:`check_output_name`)."""
+    check_output_name(path)
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=_temp_prefix(name), suffix=".tmp")
+    try:
+        mask = os.umask(0o022)  # mkstemp makes the file 0600: give it the usual mode
+        os.umask(mask)
+        os.fchmod(fd, 0o666 & ~mask)
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in chunks:
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)  # atomic: an interrupted write never leaves a half-written file
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    with contextlib.suppress(OSError):  # make the rename itself durable (not on every platform)
+        fd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _remove_stale_temp_files(output_dir: str) -> None:
+    """Delete the temporary files a killed run left (regular files of our names only); called with
+    the folder's lock held, so no live run is writing them."""
+    prefixes = tuple(_temp_prefix(name) for name in OUTPUT_NAMES)
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(output_dir):
+            if entry.name.startswith(prefixes) and entry.name.endswith(".tmp"):
+                if entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+
+
 def save(state: dict, path: str) -> None:
     """Write ``state`` atomically in the checkpoint format (header: version, length and hash)."""
     import torch
@@ -118,21 +217,7 @@ def save(state: dict, path: str) -> None:
     payload = buf.getbuffer()
     digest = hashlib.sha256(payload).hexdigest()
     header = b"%s %d sha256=%s bytes=%d\n" % (MAGIC, FORMAT_VERSION, digest.encode(), len(payload))
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as fh:
-        fh.write(header)
-        fh.write(payload)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)  # atomic: an interrupted save never leaves a half-written checkpoint
-    try:  # make the rename itself durable (not possible on every platform)
-        fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+    write_atomically(path, header, payload)
 
 
 def load(path: str, map_location=None) -> dict:
@@ -146,7 +231,12 @@ def load(path: str, map_location=None) -> dict:
     import torch
 
     try:
-        with open(path, "rb") as fh:
+        # O_NONBLOCK: a FIFO in the file's place is refused below instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as fh:
+            mode = os.fstat(fd).st_mode
+            if not stat.S_ISREG(mode):
+                raise CheckpointError(path, f"is {_kind(mode)}, not a regular file")
             first = fh.readline(200)
             m = _HEADER.fullmatch(first)
             if not m:
@@ -234,7 +324,7 @@ def run_lock(output_dir: str | None):
         finally:
             _held[key][1] -= 1
         return
-    fh = open(os.path.join(output_dir, LOCK_FILE), "a")
+    fh = _open_lock(os.path.join(output_dir, LOCK_FILE))
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -246,12 +336,30 @@ def run_lock(output_dir: str | None):
         ) from None
     _held[key] = [fh, 1]
     try:
+        check_output_names(output_dir)
+        _remove_stale_temp_files(output_dir)
         yield
     finally:
         _held[key][1] -= 1
         if _held[key][1] == 0:
             del _held[key]
             fh.close()  # closing the file releases the lock
+
+
+def _open_lock(path: str):
+    """Open (or create) the lock file: a regular file, never through a symlink."""
+    check_output_name(path)
+    flags = os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(path, flags | getattr(os, "O_NONBLOCK", 0), 0o644)
+    except OSError:  # replaced since the check: say what it is now
+        check_output_name(path)
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _not_regular(path, mode)
+    return os.fdopen(fd, "a")
 
 
 def check_unlocked(output_dir: str | None) -> None:
@@ -298,30 +406,171 @@ def set_rng_state(rng: dict, problem_rng: random.Random) -> None:
     problem_rng.setstate(rng["problems"])
 
 
+#: Config fields every checkpoint's config has held (a field added later is compared as its
+#: default, which is what a run written before it used).
+_CORE_FIELDS = ("profile", "seed", "max_steps", "learning_rate")
+
+
 def check_resumable(config, state: dict, path: str) -> None:
     """Raise a named error unless ``config`` can continue the run in ``state`` (a checkpoint).
 
-    ``CheckpointError`` if it is not a training checkpoint; ``ConfigMismatchError`` listing each
-    differing field (the checkpoint's value and yours) unless only ``RESUMABLE_CHANGES`` differ;
-    ``ConfigError`` on ``max_steps`` if the checkpoint has already done more RL steps.
+    ``CheckpointError`` if it is not a training checkpoint or its parts disagree
+    (:func:`check_contents`); ``ConfigMismatchError`` listing each differing field (the
+    checkpoint's value and yours) unless only ``RESUMABLE_CHANGES`` differ; ``ConfigError`` on
+    ``max_steps`` if the checkpoint has already done more RL steps.
     """
+    import dataclasses
+
     missing = [k for k in STATE_KEYS if k not in state]
     if missing or not isinstance(state["config"], dict):
         lacks = missing or ["config"]
         raise CheckpointError(path, f"is not a training checkpoint (it lacks {lacks})")
+    lacks = [k for k in _CORE_FIELDS if k not in state["config"]]
+    if lacks:
+        raise CheckpointError(path, f"is not a training checkpoint (its config lacks {lacks})")
     mine = config.to_dict()
-    saved = {k: v for k, v in state["config"].items() if k not in RESUMABLE_CHANGES}
+    saved = {f.name: f.default for f in dataclasses.fields(config)}  # (fields added since)
+    saved.update(state["config"])
     diffs = {
-        k: (v, mine.get(k, "<no such field>")) for k, v in sorted(saved.items()) if mine.get(k) != v
+        k: (v, mine.get(k, "<no such field>"))
+        for k, v in sorted(saved.items())
+        if k not in RESUMABLE_CHANGES and mine.get(k) != v
     }
     if diffs:
         raise ConfigMismatchError(path, diffs)
+    check_contents(state, config, path)
     if state["phase"] == "rl" and state["step"] > config.max_steps:
         why = (
             f"the checkpoint {path} has already done {state['step']} RL steps; ask for at least "
             "that many, or --resume false to start over"
         )
         raise ConfigError("max_steps", why, config.max_steps)
+
+
+def check_contents(state: dict, config, path: str) -> None:
+    """The parts of a checkpoint agree with each other and with ``config``: the phase and step
+    with the histories and evaluations, RNG states that restore, finite weights; else
+    :class:`CheckpointError` (one line, before anything is restored)."""
+    import math
+
+    def bad(why: str):
+        raise CheckpointError(path, f"has contents that do not fit together: {why}")
+
+    phase, step = state["phase"], state["step"]
+    if phase not in ("sft", "rl"):
+        bad(f"phase {phase!r} is neither 'sft' nor 'rl'")
+    if type(step) is not int or step < 0:
+        bad(f"step {step!r} is not a number of steps")
+    if phase == "sft" and step > config.sft_steps:
+        bad(f"SFT step {step} is past sft_steps ({config.sft_steps})")
+    for key in ("sft_history", "history"):
+        rows = state[key]
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            bad(f"{key} is not a list of rows")
+    rows = state["history" if phase == "rl" else "sft_history"]
+    if len(rows) != step:
+        bad(f"{phase} step {step} with {len(rows)} rows of {phase} history")
+    evals = state["evals"]
+    if not isinstance(evals, dict) or not set(evals) <= {"before", "after"}:
+        bad("evals is not a dict of the 'before' and 'after' evaluations")
+    if phase == "sft" and (evals or state["history"]):
+        bad("RL history or evaluations while SFT is not finished")
+    wall = state["wall_time"]
+    if type(wall) not in (int, float) or not (math.isfinite(wall) and wall >= 0):
+        bad(f"wall_time {wall!r} is not a number of seconds")
+    rngs = state.get("rank_rng", [state["rng"]])
+    if not isinstance(rngs, list):
+        bad("rank_rng is not a list of RNG states")
+    for rng in rngs:
+        _check_rng(rng, bad)
+    _check_tensors(state["model"], "model", bad)
+    if state["ref_model"] is not None and not isinstance(state["ref_model"], str):
+        _check_tensors(state["ref_model"], "ref_model", bad)
+    elif state["ref_model"] not in (None, "adapters_off"):
+        bad(f"ref_model {state['ref_model']!r} is not a model's weights")
+    optimizer = state["optimizer"]
+    if not isinstance(optimizer, dict) or not {"state", "param_groups"} <= set(optimizer):
+        bad("optimizer is not an optimizer's state")
+
+
+def _check_rng(rng, bad) -> None:
+    """Restore the RNG streams into throwaway generators: any that does not restore is refused."""
+    import numpy as np
+    import torch
+
+    try:
+        random.Random().setstate(rng["python"])
+        random.Random().setstate(rng["problems"])
+        n = rng["numpy"]
+        keys = n["keys"].cpu().numpy().astype(np.uint32)
+        state = (n["name"], keys, n["pos"], n["has_gauss"], n["cached_gaussian"])
+        np.random.RandomState().set_state(state)
+        torch.Generator().set_state(rng["torch"].cpu())
+        if rng["cuda"] is not None and not isinstance(rng["cuda"], (list, tuple)):
+            raise TypeError("cuda is not a list of states")
+    except (KeyError, TypeError, ValueError, AttributeError, RuntimeError, IndexError) as err:
+        bad(f"its RNG state does not restore ({type(err).__name__}: {_first_line(err)})")
+
+
+def _check_tensors(weights, what: str, bad) -> None:
+    import torch
+
+    if not isinstance(weights, dict) or not all(
+        isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in weights.items()
+    ):
+        bad(f"{what} is not a dict of tensors")
+    for name, tensor in weights.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad(f"{what} weight {name} is not finite (NaN or inf)")
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:200] if text else type(err).__name__
+
+
+@contextmanager
+def _part(path: str, what: str):
+    """A part of a checkpoint that does not fit this run's model or optimizer: one line."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError, IndexError) as err:
+        why = f"its {what} does not fit this run ({type(err).__name__}: {_first_line(err)})"
+        raise CheckpointError(path, why) from None
+
+
+def restore(trainer, state: dict, path: str) -> None:
+    """Continue ``trainer`` from ``state`` (checked by :func:`check_resumable`): weights, the
+    optimizer, pi_ref, a recipe's extra state, RNG streams, histories and evaluations. A part that
+    does not fit this run's model (names, shapes) is a :class:`CheckpointError` naming it."""
+    from . import distributed as dist
+
+    with _part(path, "model"):
+        load_policy_state(trainer.model, state["model"], path, lora=trainer.config.use_lora)
+    trainer.phase, trainer.step = state["phase"], state["step"]
+    with _part(path, "recipe state"):  # before the optimizer: a subclass may add a critic
+        trainer.load_extra_state(state)
+    with _part(path, "optimizer"):
+        trainer.optimizer = trainer.make_optimizer()
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        for group in trainer.optimizer.param_groups:
+            for p in group["params"]:
+                for key, value in trainer.optimizer.state.get(p, {}).items():
+                    if getattr(value, "dim", lambda: 0)() and value.shape != p.shape:
+                        raise ValueError(f"{key} of shape {tuple(value.shape)}")
+    with _part(path, "ref_model"):
+        if state["ref_model"] == "adapters_off":
+            trainer.make_ref_model(adapters_off=True)
+        elif state["ref_model"] is not None:
+            trainer.make_ref_model(adapters_off=False)
+            trainer.ref_model.load_state_dict(state["ref_model"])
+    with _part(path, "RNG state"):  # this rank's streams (the problem stream is every rank's)
+        rng = state["rank_rng"][dist.rank()] if "rank_rng" in state else state["rng"]
+        set_rng_state(rng, trainer.problem_rng)
+    trainer.sft_history, trainer.history = state["sft_history"], state["history"]
+    trainer.evals, trainer.wall_time = state["evals"], state["wall_time"]
 
 
 def check_world_size(state: dict, path: str) -> None:
@@ -359,12 +608,16 @@ def load_policy_state(model, state: dict, path: str, *, lora: bool) -> None:
 def write_csv(rows: list[dict], path: str) -> None:
     """Write a list of metric dicts as CSV (columns: the union of keys, in first-seen order),
     atomically (a temporary file, then ``os.replace``)."""
+    write_atomically(path, csv_bytes(rows))
+
+
+def csv_bytes(rows: list[dict]) -> bytes:
+    """What :func:`write_csv` writes for ``rows``."""
     import csv
 
     cols = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = path + ".tmp"
-    with open(tmp, "w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=cols)
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
+    text = io.StringIO(newline="")
+    writer = csv.DictWriter(text, fieldnames=cols)
+    writer.writeheader()
+    writer.writerows(rows)
+    return text.getvalue().encode("utf-8")

@@ -7,7 +7,8 @@ Every check runs before any compute (``agentic_rl.runs.preflight``): a bad value
 an unwritable folder, a folder another run is using, or a corrupt or mismatched checkpoint ends the
 command with status 2 (a bad flag or config) or 1 (the folder or checkpoint) and one line,
 ``error: <field>: <why> (got X)``, never a traceback. A run that is already complete says so and
-changes nothing on disk.
+changes nothing on disk, unless its end files are missing or damaged: it rewrites them from its
+checkpoint and says which. A run whose every update was skipped ends with status 1.
 
 :data:`RECIPES` is the one registry: a recipe's name and the chapter module that holds its config
 (``CONFIG``) and trainer (``TRAINER``). A new chapter adds one line here.
@@ -81,8 +82,32 @@ def _optional(kind):
     return parse
 
 
+def _output_dir(text: str) -> str:
+    if text.lower() in ("none", "null"):
+        why = "is not a folder name here: leave --output-dir out to keep nothing on disk"
+        raise argparse.ArgumentTypeError(f"{why} (got {text!r})")
+    return text
+
+
+class _Once(argparse.Action):
+    """Store a flag's value; a flag given twice is an error that names it (argparse would keep
+    the last value silently)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        if hasattr(namespace, self.dest):
+            old = getattr(namespace, self.dest)
+            why = f"{option_string} is given more than once; give each flag once"
+            raise argparse.ArgumentError(self, f"{why} (got {old!r}, then {values!r})")
+        setattr(namespace, self.dest, values)
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse, with errors as one line: ``error: <field>: <why> (got X)`` and exit status 2."""
+    """argparse, with errors as one line: ``error: <field>: <why> (got X)`` and exit status 2.
+
+    No abbreviations (``--learning 0.5`` is an unknown flag, not ``--learning-rate``)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, allow_abbrev=False, **kwargs)
 
     def error(self, message: str):
         m = re.match(r"argument --([\w-]+)(?:/-\w)?: (.*)", message, re.S)
@@ -101,11 +126,13 @@ def add_dataclass_arguments(
     for f in dataclasses.fields(cls):
         base, optional = types[f.name]
         kind = _optional(parsers[base]) if optional else parsers[base]
+        kind = _output_dir if f.name == "output_dir" else kind
         default = defaults.get(f.name, f.default)
         parser.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f.name,
             type=kind,
+            action=_Once,
             default=argparse.SUPPRESS,
             metavar=base.__name__.upper(),
             help=f"{f.metadata.get('help', '')} [default: {default}]",
@@ -156,16 +183,21 @@ def _report(trainer, summary: dict) -> None:
     from .runs import OUTPUT_FILES
 
     config, out = trainer.config, trainer.config.output_dir
+    rewritten = getattr(trainer, "rewritten", [])
     if trainer.was_complete:
+        done = (
+            f"rewrote {', '.join(rewritten)} from its checkpoint (missing or different)"
+            if rewritten
+            else "nothing was changed"
+        )
         print(
             f"the run in {out} is already complete ({trainer.step} of {config.max_steps} RL "
-            "steps); nothing was changed. Give a larger --max-steps to continue it, or another "
-            "--output-dir.",
+            f"steps); {done}. Give a larger --max-steps to continue it, or another --output-dir.",
             file=sys.stderr,
         )
     if out:
         files = [os.path.join(out, f) for f in OUTPUT_FILES]
-        verb = "files in" if trainer.was_complete else "wrote to"
+        verb = "files in" if trainer.was_complete and not rewritten else "wrote to"
         shown = [f"  {p}" for p in files if os.path.exists(p)]
         print(f"{verb} {os.path.abspath(out)}:", *shown, sep="\n", file=sys.stderr)
     else:

@@ -35,6 +35,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from . import bounds
 from .losses import AGG_MODES, LOSS_TYPE_ALIASES
 
 __all__ = [
@@ -73,16 +74,6 @@ class ConfigError(RunError, ValueError):
 
 
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _physical_memory() -> int:
-    """Bytes of RAM on this machine (0 when unknown)."""
-    import os
-
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
 
 
 def _on_cuda(device: str) -> bool:
@@ -356,6 +347,7 @@ class RLConfig:
         self._check_run()
         self._check_model()
         self._check_optimisation()
+        bounds.check_bounds(self)  # upper bounds, the context budget (agentic_rl.bounds)
 
     def _check_run(self) -> None:
         bad = self._bad
@@ -456,20 +448,6 @@ class RLConfig:
                 f"{TINY_MAX_POSITIONS}",
             )
 
-    def _rough_memory_bytes(self) -> int:
-        """A rough lower bound on training memory (weights, AdamW, activations) of the tiny model.
-
-        Only used to refuse clearly impossible sizes: weights x 9 (policy, reference, gradient, two
-        AdamW moments, and as much again for a critic) plus one layer-stack of activations for the
-        larger of the SFT and RL batches, at the shortest sequence a rollout can have.
-        """
-        h, inter, L = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        kv = h // self.num_attention_heads * self.num_key_value_heads
-        params = L * (2 * h * h + 2 * h * kv + 3 * h * inter) + 1000 * h
-        batch = max(self.sft_batch_size, self.prompts_per_step * self.num_generations)
-        tokens = batch * max(self.min_sequence_tokens(), 1)
-        return 4 * (9 * params + tokens * L * (4 * h + 2 * inter))
-
     #: A recipe's fields that make sequences longer (blamed when memory is short).
     _size_fields: ClassVar[tuple[str, ...]] = ()
 
@@ -481,7 +459,8 @@ class RLConfig:
         """Check what depends on the machine, before any compute; raise :class:`ConfigError`.
 
         The device exists; a pretrained model is a folder or reachable on the hub; the output folder
-        can be created or written; and the model and batches roughly fit in the device's memory.
+        can be created or written; and the model, batches and evaluation roughly fit in the
+        device's memory (:mod:`agentic_rl.bounds`).
         """
         import torch
 
@@ -493,43 +472,16 @@ class RLConfig:
             self._bad("device", device_problem(dev))
         if name is not None and model_source_problem(name):
             self._bad("model_name_or_path", model_source_problem(name))
-        if self.output_dir is not None:
-            self._check_output_dir(self.output_dir)
-        if name is None:
-            if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
-                index = int(dev.split(":")[1]) if ":" in dev else 0
-                total, where = torch.cuda.get_device_properties(index).total_memory, "GPU memory"
-            else:
-                total, where = _physical_memory(), "memory"
-            need = self._rough_memory_bytes()
-            if total and need > total:
-                base = {f.name: f.default for f in dataclasses.fields(self)}
-                sizes = ("hidden_size", "intermediate_size", "num_hidden_layers")
-                sizes += ("prompts_per_step", "num_generations", "sft_batch_size")
-                # blame the most inflated size
-                field = max(sizes + self._size_fields, key=lambda k: getattr(self, k) / base[k])
-                self._bad(
-                    field,
-                    f"the model and batches need at least ~{need / 2**30:.1f} GiB, "
-                    f"more than this machine's {total / 2**30:.1f} GiB of {where}",
-                )
-
-    def _check_output_dir(self, path: str) -> None:
-        import os
-
-        if os.path.exists(path):
-            if not os.path.isdir(path):
-                self._bad("output_dir", "exists and is not a folder")
-            if not os.access(path, os.W_OK | os.X_OK):
-                self._bad("output_dir", "is not writable")
-            return
-        parent = os.path.dirname(os.path.abspath(path))
-        while not os.path.exists(parent):
-            parent = os.path.dirname(parent)
-        if not os.path.isdir(parent):
-            self._bad("output_dir", f"cannot be created: {parent} is a file")
-        if not os.access(parent, os.W_OK | os.X_OK):
-            self._bad("output_dir", f"cannot be created: {parent} is not writable")
+        if self.output_dir is not None and bounds.output_dir_problem(self.output_dir):
+            self._bad("output_dir", bounds.output_dir_problem(self.output_dir))
+        if dev.startswith("cuda") or (dev == "auto" and torch.cuda.is_available()):
+            index = int(dev.split(":")[1]) if ":" in dev else 0
+            total, where = torch.cuda.get_device_properties(index).total_memory, "GPU memory"
+        else:
+            total, where = bounds.physical_memory(), "memory"
+        bounds.check_memory(self, bounds.memory_needs(self), total, where)  # model, batches, ...
+        host = bounds.physical_memory()  # ReTool's sandbox: in RAM whatever the device
+        bounds.check_memory(self, bounds.host_memory_needs(self), host, "memory")
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -75,6 +75,9 @@ def per_sample_grads(
         logp = torch.log_softmax(logits[0, :-1].float(), -1)
         return (logp.gather(1, ids[1:, None]).squeeze(1) * mask[1:]).sum()
 
+    # functional_call may leave a tied parameter swapped for one of vmap's wrappers (peft's
+    # trainable-token delta, shared by the embedding and the head with LoRA): put each one back
+    slots = [(m, k, p) for m in model.modules() for k, p in m._parameters.items()]
     was_training = model.training
     model.eval()
     try:
@@ -88,6 +91,8 @@ def per_sample_grads(
             )
     finally:
         model.train(was_training)
+        for module, key, p in slots:
+            module._parameters[key] = p
     return torch.cat([g[n].flatten(1) for n in names], 1)
 
 

@@ -46,6 +46,10 @@ __all__ = [
 ]
 
 
+#: The sandbox pool's longest deadline per snippet (``sandbox.Pool``'s ``timeout_s``, in seconds).
+TOOL_TIMEOUT_MAX_S = 3600.0
+
+
 @dataclass
 @defaults(
     env="multiply",
@@ -151,10 +155,12 @@ class ReToolConfig(AgentFields, CriticFields):
                 self._bad(name, "must be in [0, 1]")
         if self.max_turns < 2:
             self._bad("max_turns", "must be >= 2 (one tool call and an answer)")
-        if not self.tool_timeout_s > 0:
-            self._bad("tool_timeout_s", "must be positive")
+        # the sandbox pool's own limits (sandbox.Pool refuses anything else at the first rollout)
+        if not 0 < self.tool_timeout_s <= TOOL_TIMEOUT_MAX_S:
+            why = f"must be in (0, {TOOL_TIMEOUT_MAX_S:g}] seconds (the pool's)"
+            self._bad("tool_timeout_s", why)
         self._at_least(("max_output_tokens", "tool_workers"), 1)
-        self._at_least(("tool_memory_mb",), 32)
+        self._at_least(("tool_memory_mb",), sandbox.MIN_MEMORY_MB)
         self._at_least(("grad_share_every",), 0)
         if self.resample_on_correct and self.advantage_estimator != "grpo":
             self._bad("resample_on_correct", "is a GRPO method: use advantage_estimator 'grpo'")

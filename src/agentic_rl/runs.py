@@ -2,7 +2,8 @@
 
 - :func:`preflight`: every check a run makes before any compute (the CLI calls it first);
 - :func:`run_recipe`: train a trainer and write ``metrics.csv``, ``sft_metrics.csv`` and
-  ``summary.json`` (``python -m agentic_rl <recipe>``);
+  ``summary.json`` (``python -m agentic_rl <recipe>``); a finished run rewrites those of them that
+  are missing or differ from its checkpoint, and a run whose every update was skipped is an error;
 - :func:`run_arms`: a lab's arms from shared warm starts, in memory.
 """
 
@@ -11,12 +12,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 import os
 
 from . import checkpoint as ckpt
 from . import distributed as dist
-from .checkpoint import CHECKPOINT, run_lock, write_csv
-from .config import ConfigError, RLConfig
+from .checkpoint import CHECKPOINT, RESUMABLE_CHANGES, csv_bytes, run_lock, write_atomically
+from .config import ConfigError, RLConfig, RunError
 from .models import get_device
 
 __all__ = ["OUTPUT_FILES", "preflight", "run_recipe", "run_arms"]
@@ -38,6 +40,7 @@ def preflight(config: RLConfig) -> None:
     dist.check_data_parallel(config)
     out = config.output_dir
     if out and os.path.isdir(out):
+        ckpt.check_output_names(out)  # regular files or absent: no FIFO, folder or symlink
         if dist.is_main():  # torchrun: rank 0 takes the lock, the others leave it alone
             ckpt.check_unlocked(out)
         path = os.path.join(out, CHECKPOINT)
@@ -50,20 +53,72 @@ def preflight(config: RLConfig) -> None:
 def run_recipe(trainer) -> dict:
     """Run a recipe headless: train, write ``metrics.csv``, ``sft_metrics.csv``, ``summary.json``.
 
-    A run that was already complete writes nothing (``trainer.was_complete``).
+    A run that was already complete (``trainer.was_complete``) rewrites only the files that are
+    missing or differ from its checkpoint (a kill after the final checkpoint, an edited or
+    deleted file) and lists them in ``trainer.rewritten``. A run whose every RL step skipped its
+    update raises :class:`~agentic_rl.config.RunError` after writing its files.
     """
     out = trainer.config.output_dir
+    trainer.rewritten = []
     with run_lock(out if dist.is_main() else None):  # torchrun: rank 0 holds it ...
         summary = trainer.train()
-        if out and not trainer.was_complete and dist.is_main():  # ... and writes the files
+        if out and dist.is_main():  # ... and writes the files
             os.makedirs(out, exist_ok=True)
-            write_csv(trainer.history, os.path.join(out, "metrics.csv"))
-            write_csv(trainer.sft_history, os.path.join(out, "sft_metrics.csv"))
-            tmp = os.path.join(out, "summary.json.tmp")
-            with open(tmp, "w") as fh:
-                json.dump(summary, fh, indent=2)
-            os.replace(tmp, os.path.join(out, "summary.json"))
+            files = {
+                "metrics.csv": csv_bytes(trainer.history),
+                "sft_metrics.csv": csv_bytes(trainer.sft_history),
+                "summary.json": json.dumps(summary, indent=2).encode(),
+            }
+            for name, data in files.items():
+                path = os.path.join(out, name)
+                if not trainer.was_complete or _differs(path, data):
+                    write_atomically(path, data)
+                    trainer.rewritten.append(name)
+            if not trainer.was_complete:
+                trainer.rewritten = []
+    _check_updates(trainer)
     return summary
+
+
+def _differs(path: str, data: bytes) -> bool:
+    """Whether the file at ``path`` is missing or says something else than ``data`` (a summary's
+    config may differ in the fields a resumed run may change: ``--device``, ``--output-dir``...)."""
+    try:
+        with open(path, "rb") as fh:
+            old = fh.read()
+    except OSError:
+        return True
+    if old == data or not path.endswith(".json"):
+        return old != data
+    try:
+        old, new = json.loads(old), json.loads(data)
+    except ValueError:
+        return True
+    if not isinstance(old, dict) or not isinstance(old.get("config"), dict):
+        return True
+    for summary in (old, new):
+        summary["config"] = {
+            k: v for k, v in summary["config"].items() if k not in RESUMABLE_CHANGES
+        }
+    return old != new
+
+
+def _check_updates(trainer) -> None:
+    """A run whose every RL step skipped its update learned nothing: an error, with the reason."""
+    rows = trainer.history
+    if not rows or not all(row.get("skipped") for row in rows):
+        return
+    reason = getattr(trainer, "skip_reason", None)
+    if reason is None:  # (a finished run: the last row says what happened)
+        loss, norm = rows[-1].get("loss", math.nan), rows[-1].get("grad_norm", math.nan)
+        reason = f"loss {loss}, gradient norm {norm}"
+    where = f"; its files are in {trainer.config.output_dir}" if trainer.config.output_dir else ""
+    raise RunError(
+        f"every one of the run's {len(rows)} RL steps skipped its update (the last: {reason}): "
+        f"it learned nothing{where}. A loss or gradient that is not finite comes from a setting "
+        "too large (a learning rate, a coefficient); a filter that keeps nothing, from groups "
+        "whose rewards are all equal"
+    )
 
 
 def run_arms(

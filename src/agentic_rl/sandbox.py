@@ -11,28 +11,28 @@ the trainer runs it and feeds the output back. Thousands of snippets run per tra
 
 Every snippet runs inside these layers (:func:`isolation` says which are active on this machine):
 
-1. its own process, in its own session and process group, in a fresh temporary folder (deleted
+1. the kernel's, set up around the zygote before its interpreter starts (:mod:`agentic_rl.jail`):
+   with bubblewrap, a mount namespace that shows only read-only system folders and Python, with a
+   size-limited tmpfs as the only writable place (the disk quota), a seccomp filter, and fresh
+   PID, IPC and (empty) network namespaces; with util-linux ``unshare`` only the namespaces;
+   where neither works, none of this. The zygote is PID 1 of its PID namespace: after each snippet
+   it kills whatever the snippet left (daemons included), and when it dies, all of them die;
+2. its own process, in its own session and process group, in a fresh temporary folder (deleted
    afterwards), with an empty environment; at the deadline the whole group gets SIGKILL;
-2. where the kernel allows it, fresh PID and IPC namespaces: the snippet is PID 1 of its own
-   namespace, so when it ends every process it started ends with it (one quirk: as PID 1 it ignores
-   signals it raises itself); and an empty network namespace, so no network at all (one per
-   zygote, whose snippets run one at a time: a fresh one per snippet costs much more); when not
-   root, all inside a user namespace;
 3. when the trainer runs as root, the snippet runs as user ``nobody`` (who must be able to read the
    standard library for the snippet to import more than ``PRELOAD``);
 4. resource limits (``setrlimit``): CPU time, address space, file size, open files, processes
-   (counted per user, so useless against root: hence 3 and 5), no core dumps;
+   (counted per user, so useless against root: hence 3 and 5), message queues, no core dumps;
 5. an audit hook (PEP 578) that refuses to start processes, signal other processes, open sockets,
-   use ``ctypes``, write files outside the folder, or read files other than the folder's and the
-   standard library's (``/proc``, ``/etc/shadow``, the trainer's own files ...).
+   use ``ctypes``, write files outside the folder, or read or list files other than the folder's and
+   the standard library's; the few unaudited functions that would get around it are deleted.
 
-Audit hooks are not a security boundary on their own: they see only what CPython reports, they
-hold only while ``ctypes`` (or any other way to poke at memory) stays out of reach, and crafted
-bytecode (e.g. through ``marshal``) or a C extension can get around them. The hook is a tripwire on
-top of the operating-system layers.
-Nor is this a virtual machine: the snippet shares the kernel with the trainer. For untrusted code at
-scale use a real sandbox: gVisor, Firecracker microVMs, nsjail or bubblewrap, E2B, or SandboxFusion
-(the code sandbox of ReTool's verl recipe). Linux only.
+The audit hook is a tripwire, not a boundary: it sees only what CPython reports, and anything that
+pokes at memory (``ctypes``, which the zygote therefore never imports; crafted bytecode; a C
+extension) switches it off; the kernel's layers are what holds then. Nor is this a virtual
+machine: the snippet shares the kernel with the trainer. For untrusted code at scale use a real
+sandbox: gVisor, Firecracker microVMs, nsjail, E2B, or SandboxFusion (the code sandbox of ReTool's
+verl recipe). Linux only.
 """
 
 from __future__ import annotations
@@ -56,18 +56,17 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 if __name__ != "__main__":  # the trainer's side only: a zygote forks faster without threading
-    import queue
     import subprocess
+    import threading
     from concurrent.futures import ThreadPoolExecutor
 
-try:  # unshare(2) and prctl(2) for Python < 3.12; only the zygote calls them, before any snippet
-    import ctypes
+    from agentic_rl import jail
+    from agentic_rl.jail import DISK_MB
 
-    _LIBC = ctypes.CDLL(None, use_errno=True)
-except (ImportError, OSError):
-    _LIBC = None
+# No ctypes, not even in the zygote: a snippet that reaches it (through a frame's globals, or by
+# walking object.__subclasses__()) can write any byte of memory and switch off the audit hook.
 
-__all__ = ["Pool", "Result", "isolation", "run"]
+__all__ = ["DISK_MB", "Pool", "Result", "isolation", "run"]
 
 # fmt: off
 #: Modules every zygote imports once, so that snippets find them ready.
@@ -75,9 +74,12 @@ PRELOAD = ("math", "cmath", "fractions", "decimal", "statistics", "random", "ite
            "functools", "collections", "heapq", "bisect", "re", "string", "datetime", "json")
 MIN_MEMORY_MB = 64  # a zygote's child already maps about 20 MB
 NOBODY = 65534
+#: A snippet still running after this long gives up its worker's turn (see Pool).
+QUANTUM_S = 0.05
+#: Snippets past their quantum that may run at once, per worker (each holds a zygote).
+LONG_PER_WORKER = 4
 _STDLIB = os.path.realpath(os.path.dirname(os.__file__))
 _IMPORT_PATHS = tuple(os.path.realpath(folder) + "/" for folder in sys.path)  # (a zygote's: stdlib)
-_NEWIPC, _NEWUSER, _NEWPID, _NEWNET = 0x08000000, 0x10000000, 0x20000000, 0x40000000
 # Audit events the snippet may not raise (prefixes): processes, signals, network, ctypes, limits,
 # and the ways into the hook itself (other hooks, tracing, the garbage collector, code objects).
 _BLOCKED = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "subprocess.", "pty.",
@@ -85,13 +87,17 @@ _BLOCKED = ("os.system", "os.exec", "os.posix_spawn", "os.spawn", "os.fork", "su
             "resource.prlimit", "sys.addaudithook", "sys.settrace", "sys.setprofile",
             "sys._current_frames", "gc.get_", "code.__new__", "os.symlink", "os.link",
             "os.unshare", "os.setns")
-# Unaudited ways to start or signal processes: deleted in the child, and not importable again.
-_UNAUDITED = {"_posixsubprocess": "fork_exec", "posix": "pidfd_open", "os": "pidfd_open",
-              "_signal": "pidfd_send_signal", "signal": "pidfd_send_signal"}
+# Unaudited ways to start or signal processes, to make memory RLIMIT_AS does not count (memfd),
+# or files that no path event reports (FIFOs, nodes): deleted in the child, not importable again.
+_UNAUDITED = (("_posixsubprocess", "fork_exec"), ("_signal", "pidfd_send_signal"),
+              ("signal", "pidfd_send_signal"),
+              *((module, name) for module in ("posix", "os")
+                for name in ("pidfd_open", "memfd_create", "mkfifo", "mknod")))
 _BLOCKED_IMPORTS = frozenset({"_posixsubprocess", "posix", "_signal", "ctypes", "_ctypes"})
 # Events whose path arguments must lie inside the working folder.
 _PATH_EVENTS = frozenset({"os.remove", "os.rename", "os.rmdir", "os.mkdir", "os.chmod", "os.chown",
                           "os.truncate", "os.utime", "os.setxattr", "os.removexattr"})
+_LIST_EVENTS = frozenset({"os.listdir", "os.scandir"})  # read rules (os.stat has no event)
 # fmt: on
 
 
@@ -130,6 +136,12 @@ class Pool:
     ``max_output_bytes`` of stdout and of stderr. A snippet that hangs, crashes or kills its zygote
     never stops the others: a dead zygote is restarted and that snippet is reported as an error.
     ``isolation`` describes the active layers.
+
+    Scheduling: ``workers`` snippets take their turn at once, in arrival order. One still running
+    after ``QUANTUM_S`` (a busy loop, most likely) gives up its turn and goes on in an extra zygote
+    (up to ``LONG_PER_WORKER * workers`` of them, started when first needed and kept), so that
+    harmless snippets are not queued behind it until its deadline (head-of-line blocking). At
+    most ``(1 + LONG_PER_WORKER) * workers`` snippets, each within its limits, run at once.
     """
 
     def __init__(
@@ -143,16 +155,23 @@ class Pool:
         if not _is_int(workers) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self._limits = _check_limits(timeout_s, memory_mb, max_output_bytes)
-        # The snippets' folders go in here: others (nobody) may pass through, not list it.
+        self._launcher = jail.launcher()
+        # The snippets' folders go in here: others (nobody) may pass through, not list it. In a
+        # bubblewrap jail it is each zygote's own tmpfs, and the trainer's disk never holds it.
         self._base = tempfile.mkdtemp(prefix="agentic_rl_sandbox_")
-        os.chmod(self._base, 0o711)
+        if self._launcher.private_folder:
+            os.rmdir(self._base)
+        else:
+            os.chmod(self._base, 0o711)
         self._zygotes: list[_Zygote] = []
         # Stops the zygotes on close(), garbage collection or interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, _stop_all, self._zygotes, self._base)
-        self._zygotes.extend(_Zygote(self._base) for _ in range(workers))
-        self._idle: queue.SimpleQueue[_Zygote] = queue.SimpleQueue()
-        for zygote in self._zygotes:
-            self._idle.put(zygote)
+        self._lock = threading.Lock()
+        self._turns = threading.Semaphore(workers)
+        self._long, self._max_long = 0, LONG_PER_WORKER * workers
+        self._capacity = workers + self._max_long
+        self._zygotes.extend(_Zygote(self._base, self._launcher) for _ in range(workers))
+        self._idle = list(self._zygotes)
         self.isolation = self._zygotes[0].isolation
 
     def run(self, code: str) -> Result:
@@ -160,19 +179,52 @@ class Pool:
         _check_code(code)
         if not self._finalizer.alive:
             raise ValueError("this Pool is closed")
-        zygote = self._idle.get()
+        self._turns.acquire()
+        turn = [True]  # still holding a turn (given up by _give_up_turn)
         try:
-            return zygote.run(code, self._limits)
+            zygote = self._take()
+            try:
+                return zygote.run(code, self._limits, lambda: self._give_up_turn(turn))
+            finally:
+                with self._lock:
+                    self._idle.append(zygote)
         finally:
-            self._idle.put(zygote)
+            if turn[0]:
+                self._turns.release()
+            else:
+                with self._lock:
+                    self._long -= 1
+
+    def _take(self) -> _Zygote:
+        """An idle zygote, or a new one (kept afterwards). Each running snippet holds one, so
+        there are never more than ``workers`` turns + ``LONG_PER_WORKER * workers`` long ones."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        zygote = _Zygote(self._base, self._launcher)
+        with self._lock:
+            self._zygotes.append(zygote)
+        if not self._finalizer.alive:  # closed meanwhile: _stop_all has already run
+            zygote.stop()
+        return zygote
+
+    def _give_up_turn(self, turn: list) -> None:
+        with self._lock:
+            if not turn[0] or self._long >= self._max_long:
+                return
+            self._long += 1
+            turn[0] = False
+        self._turns.release()
 
     def map(self, codes: Sequence[str]) -> list[Result]:
-        """Run the snippets concurrently (a thread per worker); results in the order of codes."""
+        """Run the snippets concurrently (a thread each, up to the most that can run at once);
+        results in the order of codes."""
         codes = list(codes)
         for code in codes:
             _check_code(code)
-        with ThreadPoolExecutor(len(self._zygotes)) as threads:
-            return list(threads.map(self.run, codes))
+        threads = max(1, min(len(codes), self._capacity))
+        with ThreadPoolExecutor(threads) as executor:
+            return list(executor.map(self.run, codes))
 
     def close(self) -> None:
         """Stop the workers and delete their folder (idempotent)."""
@@ -219,22 +271,29 @@ def _check_limits(timeout_s, memory_mb, max_output_bytes) -> dict:
 
 
 class _Zygote:
-    def __init__(self, base: str):
-        self.base, self.closed = base, False
+    def __init__(self, base: str, launcher):
+        self.base, self.launcher, self.closed = base, launcher, False
         self._start()
 
     def _start(self) -> None:
         # -I: isolated mode (no PYTHON* variables, no user site, no script folder on sys.path);
         # -S: no site-packages; env={}: nothing of the trainer's environment reaches the snippets.
-        command = [sys.executable, "-I", "-S", os.path.abspath(__file__), self.base]
-        self.proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env={},
-            cwd="/",
-            start_new_session=True,
-        )
+        script = os.path.abspath(__file__)
+        command, seccomp_fd = self.launcher.command(script, self.base)
+        setup = {"nobody": self.launcher.nobody, "layers": self.launcher.layers}
+        try:
+            self.proc = subprocess.Popen(
+                [*command, self.base, json.dumps(setup)],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                env={},
+                cwd="/",
+                start_new_session=True,
+                pass_fds=() if seccomp_fd is None else (seccomp_fd,),
+            )
+        finally:
+            if seccomp_fd is not None:
+                os.close(seccomp_fd)
         self._buffer = b""
         try:
             self.isolation = json.loads(self._read_line(time.monotonic() + 60))["isolation"]
@@ -242,7 +301,8 @@ class _Zygote:
             self._kill()
             raise RuntimeError(f"the sandbox zygote did not start: {err!r}") from err
 
-    def run(self, code: str, limits: dict) -> Result:
+    def run(self, code: str, limits: dict, on_slow=None) -> Result:
+        """Run one snippet; call ``on_slow()`` if it is still running after ``QUANTUM_S``."""
         if self.proc.poll() is not None and not self.closed:  # it died while idle: replace it
             self._kill()
             self._start()
@@ -251,7 +311,13 @@ class _Zygote:
             self.proc.stdin.write(json.dumps(dict(limits, code=code)).encode() + b"\n")
             self.proc.stdin.flush()
             # The zygote enforces the deadline itself; this margin only catches a wedged zygote.
-            return Result(**json.loads(self._read_line(start + limits["timeout_s"] + 5)))
+            deadline = start + limits["timeout_s"] + 5
+            try:
+                line = self._read_line(min(deadline, start + QUANTUM_S) if on_slow else deadline)
+            except TimeoutError:
+                on_slow()
+                line = self._read_line(deadline)
+            return Result(**json.loads(line))
         except (OSError, EOFError, ValueError, TimeoutError) as err:
             self._kill()
             if not self.closed:
@@ -275,7 +341,8 @@ class _Zygote:
         self._kill()
 
     def _kill(self) -> None:
-        """SIGKILL the zygote; a snippet it was running dies with it (PR_SET_PDEATHSIG)."""
+        """SIGKILL the zygote (and its launcher); a snippet it was running dies with it (the
+        zygote is PID 1 of their PID namespace, where there is one)."""
         if self.proc.poll() is None:  # (once reaped, its pid may be another process's)
             with contextlib.suppress(OSError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -295,37 +362,20 @@ def _stop_all(zygotes: list[_Zygote], base: str) -> None:
 
 
 def _zygote_main() -> None:
-    """Import ``PRELOAD``, set up the namespaces allowed, then serve one snippet per input line."""
-    tempfile.tempdir = sys.argv[1]
+    """Import ``PRELOAD``, say which layers are active, then serve one snippet per input line."""
+    base, setup = sys.argv[1], json.loads(sys.argv[2])
+    tempfile.tempdir = base
     for name in PRELOAD:
         __import__(name)
     # The children's garbage collector then leaves the zygote's objects (and memory pages) alone.
     gc.freeze()
-    root = os.geteuid() == 0
-    try:  # no network: an empty network namespace for the zygote and all its children
-        _unshare(_NEWNET | (0 if root else _NEWUSER))
-        network_ns = True
-    except OSError:
-        network_ns = False
-    # Fresh PID and IPC namespaces for every snippet (and a user namespace, if not root and the
-    # zygote has none): a throwaway child tries whether the kernel allows them.
-    flags = _NEWPID | _NEWIPC | (0 if root or network_ns else _NEWUSER)
-    probe = os.fork()
-    if probe == 0:
-        with contextlib.suppress(BaseException):
-            _unshare(flags)
-            os._exit(0)
-        os._exit(1)
-    if os.waitpid(probe, 0)[1] != 0:
-        flags = 0
-    layers = ["own session", "rlimits", "audit hook", "empty env", "temp folder"]
-    layers.append("PID and IPC namespaces" if flags else "no PID namespace (not permitted)")
-    layers.append(
-        "empty network namespace" if network_ns else "no network namespace (not permitted)"
-    )
-    if not root and (network_ns or flags):
-        layers.append("user namespace")
-    if root:
+    # As PID 1 of its namespace, the zygote ignores SIGINT from a snippet (its default action).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    pid_namespace = os.getpid() == 1  # the launcher made one (the zygote is its first process)
+    nobody = setup["nobody"] and os.geteuid() == 0
+    layers = ["own session", "rlimits", "audit hook", "empty env", "temp folder", *setup["layers"]]
+    layers.append("PID and IPC namespaces" if pid_namespace else "no PID namespace (not permitted)")
+    if nobody:
         # To import more than PRELOAD, nobody must be able to read the standard library.
         folder, readable = _STDLIB, True
         while folder != "/":
@@ -336,11 +386,11 @@ def _zygote_main() -> None:
     try:
         for line in sys.stdin.buffer:
             try:
-                _send(_supervise(json.loads(line), flags))
+                _send(_supervise(json.loads(line), nobody, pid_namespace))
             except Exception as err:  # noqa: BLE001 (report it; the zygote keeps serving)
                 _send(_failure(f"sandbox error: {err!r}", 0.0))
     finally:  # end of input: the trainer has gone (or this zygote could not answer it)
-        shutil.rmtree(sys.argv[1], ignore_errors=True)
+        shutil.rmtree(base, ignore_errors=True)
 
 
 def _failure(error: str, wall_s: float) -> Result:
@@ -354,21 +404,9 @@ def _send(message: dict | Result) -> None:
         data = data[os.write(1, data) :]
 
 
-def _unshare(flags: int) -> None:
-    if hasattr(os, "unshare"):  # Python 3.12+
-        os.unshare(flags)
-    elif _LIBC is None or _LIBC.unshare(flags) != 0:
-        raise OSError(ctypes.get_errno() if _LIBC else 0, "unshare failed")
-
-
-def _die_with_parent() -> None:
-    """Ask the kernel to SIGKILL this process when its parent dies (prctl PR_SET_PDEATHSIG)."""
-    if _LIBC is not None:
-        _LIBC.prctl(1, signal.SIGKILL)
-
-
-def _supervise(request: dict, flags: int) -> Result:
-    """Run one snippet in a fresh child; collect its output; kill its group at the deadline."""
+def _supervise(request: dict, nobody: bool, pid_namespace: bool) -> Result:
+    """Run one snippet in a fresh child; collect its output; kill its group at the deadline (and,
+    as PID 1 of a PID namespace, every process it left)."""
     start = time.monotonic()
     timeout_s, cap = request["timeout_s"], request["max_output_bytes"]
     workdir = os.path.realpath(tempfile.mkdtemp())
@@ -376,7 +414,13 @@ def _supervise(request: dict, flags: int) -> Result:
     pid = os.fork()
     if pid == 0:
         try:
-            _keeper(request, workdir, [w for _, w in pipes], flags)
+            _runner(request, workdir, [w for _, w in pipes], nobody)  # does not return
+        except BaseException as err:  # noqa: BLE001 (it failed before the snippet ran)
+            note = f"sandbox setup failed: {err!r}\n".encode()
+            for fd in (pipes[2][1], 3):  # the notes' pipe, before or after the plumbing
+                with contextlib.suppress(OSError):
+                    os.write(fd, note)
+                    break
         finally:
             os._exit(70)
     for _, w in pipes:
@@ -387,19 +431,26 @@ def _supervise(request: dict, flags: int) -> Result:
     poller = select.poll()
     for fd in (*outputs, pidfd):
         poller.register(fd, select.POLLIN)
-    timed_out = flooded = exited = False
+    timed_out = flooded = exited = demoted = False
     while not (exited or flooded or timed_out):
-        left = start + timeout_s - time.monotonic()
+        now = time.monotonic()
+        if not demoted and now - start >= QUANTUM_S:
+            demoted = _demote(pid)
+        left = start + timeout_s - now
         timed_out = left <= 0
-        for fd, _ in [] if timed_out else poller.poll(left * 1000):
+        wait = left if demoted else min(left, start + QUANTUM_S - now)
+        for fd, _ in [] if timed_out else poller.poll(max(0.0, wait) * 1000):
             if fd == pidfd:
                 exited = True
             elif not _read_into(fd, outputs[fd]):
                 poller.unregister(fd)  # end of file
         flooded = any(len(outputs[fd]) > caps[fd] for fd in outputs)
-    with contextlib.suppress(OSError):  # the whole group, whatever is left of it
-        os.killpg(pid, signal.SIGKILL)
+    for kill, target in ((os.killpg, pid), (os.kill, pid)):  # the whole group, what is left
+        with contextlib.suppress(OSError):
+            kill(target, signal.SIGKILL)
     status = os.waitpid(pid, 0)[1]
+    if pid_namespace:
+        _end_strays()
     wall_s = time.monotonic() - start
     for fd, out in outputs.items():  # what the child wrote just before it ended
         os.set_blocking(fd, False)
@@ -408,8 +459,26 @@ def _supervise(request: dict, flags: int) -> Result:
         os.close(fd)
     os.close(pidfd)
     shutil.rmtree(workdir, ignore_errors=True)
+    return _result(request, list(outputs.values()), status, timed_out, flooded, wall_s)
+
+
+def _demote(pid: int) -> bool:
+    """A snippet past its quantum (a busy loop, most likely) runs on at the lowest priority
+    (SCHED_IDLE, and nice 19 for its group): it gets the CPU that the snippets within their
+    quantum, the zygotes and the trainer leave, so that they are not slowed down behind it."""
+    with contextlib.suppress(OSError):
+        os.setpriority(os.PRIO_PGRP, pid, 19)
+    with contextlib.suppress(OSError):
+        os.sched_setscheduler(pid, os.SCHED_IDLE, os.sched_param(0))
+    return True
+
+
+def _result(request: dict, outputs: list, status: int, timed_out: bool, flooded: bool, wall_s):
+    """The snippet's Result from what it wrote (stdout, stderr, notes) and how it ended."""
+    cap = request["max_output_bytes"]
     stdout, stderr, notes = (
-        bytes(out[: caps[fd]]).decode(errors="replace") for fd, out in outputs.items()
+        bytes(out[:limit]).decode(errors="replace")
+        for out, limit in zip(outputs, (cap, cap, 4096))
     )
     notes = notes.splitlines()
     exit_code = None if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
@@ -417,7 +486,7 @@ def _supervise(request: dict, flags: int) -> Result:
     if refusal:  # reported even if the snippet caught it, and even if it then timed out
         error = refusal
     elif timed_out:
-        error = f"TimeoutError: killed after {timeout_s:g} s"
+        error = f"TimeoutError: killed after {request['timeout_s']:g} s"
     elif notes:  # its exception
         error = notes[0]
     elif flooded:
@@ -427,7 +496,7 @@ def _supervise(request: dict, flags: int) -> Result:
         error = f"killed by signal {signum} ({signal.strsignal(signum)})"
     else:
         error = f"exit code {exit_code}" if exit_code else None
-    truncated = any(len(out) > cap for out in list(outputs.values())[:2])
+    truncated = any(len(out) > cap for out in outputs[:2])
     return Result(stdout, stderr, exit_code, timed_out, truncated, round(wall_s, 6), error)
 
 
@@ -441,41 +510,19 @@ def _read_into(fd: int, out: bytearray) -> bool:
     return bool(chunk)
 
 
-def _keeper(request: dict, workdir: str, fds: list[int], flags: int) -> None:
-    """The snippet's session leader: enter fresh namespaces, fork the runner, pass on how it ended.
-
-    With a new PID namespace the runner is its PID 1: when it ends, the kernel kills every process
-    left in the namespace (double-forked daemons included).
-    """
-    os.setsid()
-    _die_with_parent()
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    try:
-        if flags:
-            _unshare(flags)
-        pid = os.fork()
-    except OSError as err:
-        os.write(fds[2], f"sandbox setup failed: {err!r}\n".encode())
-        os._exit(70)
-    if pid == 0:
-        try:
-            _runner(request, workdir, fds)  # does not return
-        except BaseException as err:  # noqa: BLE001 (it failed before the snippet ran)
-            with contextlib.suppress(OSError):
-                os.write(3, f"sandbox setup failed: {err!r}\n".encode())
-        os._exit(70)
-    for fd in fds:
-        os.close(fd)
-    status = os.waitpid(pid, 0)[1]
-    if os.WIFSIGNALED(status):  # end the same way, so that the zygote sees the signal
-        with contextlib.suppress(OSError, ValueError):
-            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
-        os.kill(os.getpid(), os.WTERMSIG(status))
-    os._exit(os.waitstatus_to_exitcode(status) & 0xFF)
+def _end_strays() -> None:
+    """As PID 1 of its own PID namespace, kill every other process in it (what a snippet left
+    behind, a daemon outside its group included) and reap them: nothing outlives its snippet."""
+    with contextlib.suppress(OSError):  # (ESRCH: there was none)
+        os.kill(-1, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        while True:
+            os.waitpid(-1, 0)
 
 
-def _runner(request: dict, workdir: str, fds: list[int]) -> None:
+def _runner(request: dict, workdir: str, fds: list[int], nobody: bool) -> None:
     """The snippet's own process: plumbing, limits, privileges, guards, then the snippet."""
+    os.setsid()  # its own session and process group, which the deadline kills
     # stdin from /dev/null; stdout and stderr into the zygote's pipes; our notes on fd 3.
     null = os.open(os.devnull, os.O_RDONLY)
     for fd, target in zip((null, *fds), range(4)):
@@ -489,21 +536,23 @@ def _runner(request: dict, workdir: str, fds: list[int]) -> None:
         (resource.RLIMIT_FSIZE, (16 << 20, 16 << 20)),
         (resource.RLIMIT_NOFILE, (64, 64)),
         (resource.RLIMIT_NPROC, (64, 64)),
+        (resource.RLIMIT_MSGQUEUE, (0, 0)),
+        (resource.RLIMIT_CORE, (0, 0)),
     ):
         resource.setrlimit(limit, value)
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a too-big file: an OSError, not a crash
-    if os.geteuid() == 0:  # root: become nobody (who can still write the folder)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # (the zygote ignores it)
+    if nobody:  # root: become nobody (who can still write the folder)
         os.chown(workdir, NOBODY, NOBODY)
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
-    _die_with_parent()  # (changing user cleared it)
     os.chdir(workdir)
     os.umask(0o077)
     os.environ.clear()
     tempfile.tempdir = workdir
     sys.dont_write_bytecode = True
-    for module, name in _UNAUDITED.items():
+    for module, name in _UNAUDITED:
         with contextlib.suppress(KeyError, AttributeError):
             delattr(sys.modules[module], name)
     for module in _BLOCKED_IMPORTS:
@@ -546,6 +595,7 @@ def _audit_hook(workdir: str):
     raised as ``PermissionError``.
     """
     blocked, blocked_imports, path_events = _BLOCKED, _BLOCKED_IMPORTS, _PATH_EVENTS
+    list_events = _LIST_EVENTS
     writable = (workdir + "/", "/dev/null/")
     # ... and where Python imports from (the standard library), and this file (for tracebacks).
     readable = (*writable, *_IMPORT_PATHS, os.path.abspath(__file__) + "/")
@@ -560,6 +610,8 @@ def _audit_hook(workdir: str):
             paths, roots = args[:1], writable if args[2] & write_flags else readable
         elif event in path_events:
             paths = args
+        elif event in list_events:  # (None: the current folder)
+            paths, roots = ("." if args[0] is None else args[0],), readable
         elif startswith(event, blocked):
             denied = event
         elif event == "import" and as_str(args[0]) in blocked_imports:

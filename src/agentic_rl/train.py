@@ -203,6 +203,7 @@ class Trainer:
         self.wall_time = 0.0  # seconds spent in train(), summed over every resume
         self._clock = None  # perf_counter() when wall_time was last brought up to date (None: idle)
         self.was_complete = False  # train() found the run already finished and changed nothing
+        self.skip_reason: str | None = None  # why the last skipped update was skipped
 
     # ------------------------------------------------------------------ hooks a recipe fills in
     def make_task(self):
@@ -460,6 +461,7 @@ class Trainer:
     def _any_rows(self, update: Batch) -> bool:
         (kept,) = dist.sum_over_ranks([len(update)])  # the rows that enter the update (all ranks')
         if not kept:
+            self.skip_reason = "the filter kept no rollout"
             warnings.warn(
                 f"RL step {self.step + 1}: the filter kept no rollout (no group had the reward "
                 "spread it asks for); skipped this update",
@@ -489,6 +491,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         finite = loss is None or bool(torch.isfinite(loss))
         if not finite:
+            self.skip_reason = f"the loss was {loss.item()}"
             warnings.warn(
                 f"RL step {self.step + 1}: loss is {loss.item()}; skipped this update",
                 RuntimeWarning,
@@ -511,6 +514,7 @@ class Trainer:
         if not all(math.isfinite(n) for n in norms):
             grad_norm = next(n for n in norms if not math.isfinite(n))
             self.optimizer.zero_grad(set_to_none=True)
+            self.skip_reason = f"the gradient norm was {grad_norm}"
             warnings.warn(
                 f"RL step {self.step + 1}: gradient norm is {grad_norm}; skipped this update",
                 RuntimeWarning,
@@ -654,24 +658,10 @@ class Trainer:
         return path
 
     def load_checkpoint(self, path: str) -> None:
-        """Verify ``path`` (format, hash, config: :func:`~agentic_rl.checkpoint.check_resumable`)
-        and continue from it."""
+        """Verify ``path`` (format, hash, config, contents:
+        :func:`~agentic_rl.checkpoint.check_resumable`) and continue from it
+        (:func:`~agentic_rl.checkpoint.restore`)."""
         state = ckpt.load(path, map_location=self.device)
         ckpt.check_resumable(self.config, state, path)
         ckpt.check_world_size(state, path)
-        ckpt.load_policy_state(self.model, state["model"], path, lora=self.config.use_lora)
-        self.phase, self.step = state["phase"], state["step"]
-        # before the optimizer: a subclass may add parameters (a critic)
-        self.load_extra_state(state)
-        self.optimizer = self.make_optimizer()
-        self.optimizer.load_state_dict(state["optimizer"])
-        if state["ref_model"] == "adapters_off":
-            self.make_ref_model(adapters_off=True)
-        elif state["ref_model"] is not None:
-            self.make_ref_model(adapters_off=False)
-            self.ref_model.load_state_dict(state["ref_model"])
-        # this rank's RNG streams (the problem stream is the same on every rank)
-        rng = state["rank_rng"][dist.rank()] if "rank_rng" in state else state["rng"]
-        ckpt.set_rng_state(rng, self.problem_rng)
-        self.sft_history, self.history = state["sft_history"], state["history"]
-        self.evals, self.wall_time = state["evals"], state["wall_time"]
+        ckpt.restore(self, state, path)

@@ -1,0 +1,264 @@
+"""Upper bounds: the range of every numeric setting where a run is defined, and what the machine
+holds. :class:`~agentic_rl.config.RLConfig` calls these; each refusal is one line,
+``<field>: <why> (got X)``, before any compute.
+
+A config field had a lower bound and finiteness; above, a value could pass and then hang (a turn
+limit of 10**12, a lake that is almost all holes), run out of memory after the model was built (an
+evaluation of 10**12 episodes), overflow float32 in the first update (a learning rate of 1e38, a
+coefficient of 1e300: every update skipped) or sample from NaN (a temperature of 1e-300). The bounds
+come from what the quantity is:
+
+=======================  =========================================================================
+:data:`LIMITS`           fixed ranges: learning rates, temperature, loss and reward coefficients,
+                         clip ranges, LoRA, passes and rounds per step (checked in ``validate``)
+:data:`CONTEXT_BUDGET`   the tokens one sequence may need: a turn limit times a turn's tokens, a
+                         completion, an action budget (``validate``)
+:func:`lake_problem`     FrozenLake's hole density against the map size: gymnasium draws random
+                         lakes until one is solvable (``validate``)
+:func:`memory_needs`     what training, evaluation and GCD's probes hold at once against the
+                         device's memory, ReTool's sandbox against the RAM (``check_environment``)
+:func:`output_dir_problem`  whether the output folder can really be created and written (a probe,
+                         not ``os.access``, which says yes to root under ``/proc``)
+=======================  =========================================================================
+
+Step counts and periods (``max_steps``, ``sft_steps``, ``save_steps``, ``coupling_every``,
+``grad_share_every``) and StarPO's ``mini_batch_size`` have no upper bound: a larger value is a
+longer run, a rarer measurement or one gradient step per batch, all defined.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["LIMITS", "CONTEXT_BUDGET", "check_bounds", "lake_problem", "memory_needs",
+           "host_memory_needs", "check_memory", "output_dir_problem"]  # fmt: skip
+
+#: Tokens one sequence may need: the context of SmolLM2 (the pretrained model here), 8192
+#: positions. A turn limit, a turn's tokens or a completion beyond it could not be attended to.
+CONTEXT_BUDGET = 8192
+
+_LR = (
+    "AdamW moves each weight by about the learning rate per step: above 10 training is not "
+    "defined (and from 1e38 it overflows float32)"
+)
+_COEF = (
+    "the other loss and reward terms are O(1): above 1e3 this one is all the update sees, and "
+    "toward float32's 3.4e38 the loss overflows and every update is skipped"
+)
+_CLIP = "a ratio bound beyond 100 never acts (the ratio is exp of a log-prob difference)"
+#: field -> (smallest, largest, why): fixed ranges of the fields a config has (any recipe).
+LIMITS: dict[str, tuple[float | None, float, str]] = {
+    "learning_rate": (None, 10.0, _LR),
+    "sft_learning_rate": (None, 10.0, _LR),
+    "critic_learning_rate": (None, 10.0, _LR),
+    "temperature": (
+        0.01,
+        100.0,
+        "logits / temperature must stay finite in float32 (1e-300 samples from NaN) and not "
+        "flatten every distribution to uniform",
+    ),
+    "beta": (None, 1e3, _COEF),
+    "entropy_coeff": (None, 1e3, _COEF),
+    "vf_coef": (None, 1e3, _COEF),
+    "judge_weight": (None, 1e3, _COEF),
+    "format_weight": (None, 1e3, _COEF),
+    "format_penalty": (None, 1e3, _COEF),
+    "max_grad_norm": (None, 3.4e38, "gradient norms are float32"),
+    "epsilon_high": (None, 100.0, _CLIP),
+    "dual_clip": (None, 100.0, _CLIP),
+    "cliprange_value": (None, 100.0, "values live on the reward scale, O(1): 100 never clips"),
+    "num_iterations": (
+        None,
+        100,
+        "passes over one rollout batch (PPO uses 1 to 10): past 100 the ratio has long left the "
+        "clip range and every pass is wasted compute",
+    ),
+    "lora_r": (None, 2**14, "a rank above the width of the layers it adapts adds nothing"),
+    "lora_alpha": (None, 2**16, "the adapters' scale alpha / r multiplies their update"),
+    "max_sample_rounds": (
+        None,
+        100,
+        "a step that needs more rounds to refill its batch has groups whose rewards all agree: "
+        "more rounds would hang the run",
+    ),
+    "tool_workers": (None, 1024, "each worker is a process (about 16 MiB)"),
+}
+
+#: Fields counted in tokens or turns: each one at most :data:`CONTEXT_BUDGET`.
+_TOKEN_FIELDS = (
+    "max_completion_length", "max_turns", "max_action_tokens", "max_output_tokens", "max_actions",
+    "max_actions_per_turn", "slack",
+)  # fmt: skip
+
+
+def check_bounds(config) -> None:
+    """Every field of :data:`LIMITS` and the context budget; ``config._bad`` on the first
+    violation (called by ``RLConfig.validate``, after the types and lower bounds)."""
+    for name, (low, high, why) in LIMITS.items():
+        value = getattr(config, name, None)
+        if value is None:
+            continue
+        if value > high:
+            config._bad(name, f"must be <= {high:g}: {why}")
+        if low is not None and value < low:
+            config._bad(name, f"must be >= {low:g}: {why}")
+    for name in _TOKEN_FIELDS:
+        if getattr(config, name, 0) > CONTEXT_BUDGET:
+            config._bad(name, f"must be <= {CONTEXT_BUDGET} (the tokens a sequence may need)")
+    if hasattr(config, "max_turns") and hasattr(config, "max_action_tokens"):
+        tokens = config.max_turns * config.max_action_tokens
+        if tokens > CONTEXT_BUDGET:
+            config._bad(
+                "max_turns",
+                f"an episode could generate max_turns * max_action_tokens = {tokens} tokens, "
+                f"more than the {CONTEXT_BUDGET} a sequence may hold",
+            )
+    tiny = config.model_name_or_path is None
+    if config.use_lora and tiny and config.lora_r > config.hidden_size:
+        why = LIMITS["lora_r"][2]
+        config._bad("lora_r", f"must be <= hidden_size ({config.hidden_size}): {why}")
+    problem = lake_problem(config)
+    if problem:
+        config._bad("p_frozen", problem)
+
+
+#: Site percolation's threshold on the square lattice is 0.593: above 0.6, random lakes of any size
+#: up to 32 x 32 are solvable often enough (measured: at least 2.5 % of draws).
+_PERCOLATING = 0.6
+
+
+def lake_problem(config) -> str | None:
+    """Why FrozenLake's random lakes of this config would (almost) never be solvable, or None.
+
+    gymnasium's ``generate_random_map`` draws maps until one has a path from start to goal, so a
+    density of holes that leaves no path hangs the run (``p_frozen`` 1e-300). A draw is solvable
+    with probability at least ``p_frozen ** (2 * map_size - 3)`` (the tiles of one L-shaped path);
+    above :data:`_PERCOLATING`, long paths exist at any size."""
+    if not hasattr(config, "p_frozen") or getattr(config, "env", "frozenlake") != "frozenlake":
+        return None
+    p, n = config.p_frozen, config.map_size
+    if p >= _PERCOLATING or p ** (2 * n - 3) >= 1e-3:
+        return None
+    return (
+        f"a random {n} x {n} lake this full of holes almost never has a path to the goal, and "
+        f"the map generator draws until one does (it would hang); use p_frozen >= {_PERCOLATING} "
+        f"or a smaller map (needs p_frozen ** (2 * map_size - 3) >= 1e-3)"
+    )
+
+
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (0 when unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def tiny_parameters(config) -> int:
+    """Parameters of the tiny from-scratch model (vocabulary aside: ~1000 x hidden_size)."""
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = h // config.num_attention_heads * config.num_key_value_heads
+    return layers * (2 * h * h + 2 * h * kv + 3 * h * inter) + 1000 * h
+
+
+def memory_needs(config) -> list[tuple[int, tuple[str, ...], str]]:
+    """What a run holds at once, rough lower bounds: ``(bytes, the fields that set it, what)``.
+
+    - training, tiny model only: weights x 9 (policy, reference, gradient, two AdamW moments, as
+      much again for a critic) and one layer-stack of activations for the larger of the SFT and RL
+      batches at the shortest sequence a rollout can have;
+    - evaluation, any model: ``eval_size * eval_samples`` sequences of at least that length, 8
+      bytes a token (the ids; the agents play them all at once), and the tiny model's KV cache;
+    - GCD's probes: per-sample gradients, two of the model's size per probe pair (tiny model).
+    """
+    tiny = config.model_name_or_path is None
+    tokens = max(config.min_sequence_tokens(), 1)
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    needs = []
+    if tiny:
+        batch = max(config.sft_batch_size, config.prompts_per_step * config.num_generations)
+        activations = batch * tokens * layers * (4 * h + 2 * inter)
+        sizes = ("hidden_size", "intermediate_size", "num_hidden_layers", "prompts_per_step",
+                 "num_generations", "sft_batch_size") + config._size_fields  # fmt: skip
+        weights = 9 * tiny_parameters(config)
+        needs.append((4 * (weights + activations), sizes, "the model and batches"))
+    per_token = 8 + (8 * layers * h if tiny else 0)
+    sequences = config.eval_size * config.eval_samples
+    needs.append((sequences * tokens * per_token, ("eval_size", "eval_samples"), "evaluation"))
+    if hasattr(config, "num_probes"):
+        per_probe = 8 * tiny_parameters(config) if tiny else 8 * tokens
+        needs.append((config.num_probes * per_probe, ("num_probes",), "the coupling probes"))
+    return needs
+
+
+def host_memory_needs(config) -> list[tuple[int, tuple[str, ...], str]]:
+    """What a run holds in the machine's RAM whatever its device: ReTool's sandbox, a process of
+    ~16 MiB per worker, and one snippet's memory cap (a cap above the RAM is no cap at all)."""
+    if not hasattr(config, "tool_workers"):
+        return []
+    return [
+        (config.tool_workers * (16 << 20), ("tool_workers",), "the sandbox workers"),
+        (config.tool_memory_mb << 20, ("tool_memory_mb",), "one snippet's memory cap"),
+    ]
+
+
+def check_memory(config, needs, total: int, where: str) -> None:
+    """Refuse a config whose ``needs`` (:func:`memory_needs`) exceed ``total`` bytes, blaming the
+    most inflated of the fields that set the need (relative to the class's defaults)."""
+    import dataclasses
+
+    if not total:
+        return
+    base = {f.name: f.default for f in dataclasses.fields(config)}
+    for need, fields, what in needs:
+        if need > total:
+            field = max(fields, key=lambda k: getattr(config, k) / max(base[k], 1))
+            config._bad(
+                field,
+                f"{what} need at least ~{need / 2**30:.1f} GiB, more than this machine's "
+                f"{total / 2**30:.1f} GiB of {where}",
+            )
+
+
+def output_dir_problem(path: str) -> str | None:
+    """Why ``path`` cannot be a run's output folder, or None.
+
+    Beyond ``os.access`` (which says yes to root under ``/proc``), a probe creates and removes a
+    temporary file in the folder, or a temporary folder in its nearest existing parent."""
+    import tempfile
+
+    if os.path.lexists(path) and not os.path.exists(path):
+        return f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            return "exists and is not a folder"
+        if not os.access(path, os.W_OK | os.X_OK):
+            return "is not writable"
+        try:
+            fd, probe = tempfile.mkstemp(dir=path, prefix=".agentic-rl-probe.")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as err:
+            return f"is not writable ({err.strerror or err})"
+        return None
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        if os.path.lexists(parent):
+            return f"cannot be created: {parent} is a symbolic link to a missing folder"
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        return f"cannot be created: {parent} is a file"
+    longest = max(len(part.encode()) for part in os.path.abspath(path).split(os.sep))
+    try:
+        name_max = os.pathconf(parent, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        name_max = 255
+    if longest > name_max:
+        return f"cannot be created: a name in it is {longest} bytes, over the {name_max} allowed"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created: {parent} is not writable"
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".agentic-rl-probe."))
+    except OSError as err:
+        return f"cannot be created: {parent} takes no new folder ({err.strerror or err})"
+    return None
