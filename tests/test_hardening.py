@@ -573,6 +573,7 @@ def test_cli_rcgrpo_bad_values(capsys):
     for argv, field in (
         (["--p-high", "1"], "p_high"),
         (["--warm-start", "rl"], "warm_start"),
+        (["--warm-start-budget", "tokens"], "warm_start_budget"),
         (["--high-token", "mv"], "high_token"),
         (["--low-token", "<|high_reward|>"], "low_token"),
         (["--demo-hard-fraction", "nan"], "demo_hard_fraction"),

@@ -436,7 +436,8 @@ def test_rctp_rows_carry_the_token_of_their_outcome():
     high, low = reward_ids(t.tokenizer)
     seen = _recording(t)
     b = t.sft_batch()
-    assert len(b) == 24 and len(seen) == 24  # RCTP keeps every trajectory
+    # RCTP keeps every trajectory; the batch ends at 24 successes (the paper's convention)
+    assert len(b) == len(seen) > 24 and sum(s for _, s in seen) == 24
     replay = FileSystemEnv(hard_fraction=t.demo_env.hard_fraction)
     families = set()
     for (seed, success), ids, mask in zip(seen, b.input_ids, b.loss_mask):
@@ -466,6 +467,64 @@ def test_sft_rows_have_no_token_and_only_successful_trajectories():
         assert replay.play(seed, row_calls(t.tokenizer, ids, mask))[1] == 1.0
 
 
+@pytest.mark.parametrize("step", [0, 7])
+def test_success_matched_rctp_sees_every_success_sft_sees_plus_the_failures(step):
+    setup(0)
+    batches = {}
+    for warm in ("sft", "rctp"):
+        t = RCGRPOTrainer(tiny(warm_start=warm, conditioning="none" if warm == "sft" else "high",
+                               sft_batch_size=16))
+        t.step = step
+        seen = _recording(t)
+        batches[warm] = (t.sft_batch(), seen)
+    (sft, sft_seen), (rctp, rctp_seen) = batches["sft"], batches["rctp"]
+    assert sft_seen == rctp_seen  # the same demonstrations, drawn from the step's own stream
+    assert len(sft) == 16 and len(rctp) == len(rctp_seen) > 16
+    ok = [i for i, (_, success) in enumerate(rctp_seen) if success]
+    rctp_rows = rctp.input_ids[ok][:, 2:]  # without BOS and the reward token
+    width = min(rctp_rows.shape[1], sft.input_ids.shape[1] - 1)
+    assert torch.equal(rctp_rows[:, :width], sft.input_ids[:, 1 : 1 + width])
+
+
+def test_step_matched_rctp_sees_as_many_trajectories_as_sft_and_fewer_successes():
+    setup(0)
+    t = RCGRPOTrainer(tiny(warm_start_budget="steps", sft_batch_size=16))
+    seen = _recording(t)
+    assert len(t.sft_batch()) == len(seen) == 16 and 0 < sum(s for _, s in seen) < 16
+
+
+def test_a_warm_start_that_never_succeeds_is_refused_naming_the_field():
+    setup(0)
+    t = RCGRPOTrainer(tiny(sft_batch_size=2))
+    original = t.demo_env.demonstration
+
+    def failing(seed, rng, error_rate=0.0):
+        pairs = original(seed, rng, error_rate=error_rate)
+        t.demo_env.success = False
+        return pairs
+
+    t.demo_env.demonstration = failing
+    with pytest.raises(ConfigError, match="demo_error_rate: 0 successes in 200"):
+        t.sft_batch()
+
+
+def test_arms_share_their_task_stream_whatever_the_warm_start_and_the_token_draw():
+    seeds = {}
+    for arm, fields in ARMS.items():
+        if fields.get("beta") or "RCTPstep" in arm:
+            continue
+        setup(0)
+        t = RCGRPOTrainer(tiny(sft_steps=3, max_steps=2, **fields))
+        t.sft()
+        drawn = []
+        t.play = lambda s, **kw: drawn.append(list(s)) or RCGRPOTrainer.play(t, s, **kw)
+        t.rollout()
+        t.step += 1
+        t.rollout()
+        seeds[arm] = drawn
+    assert len(seeds) == 4 and all(v == seeds["SFT -> GRPO"] for v in seeds.values())
+
+
 def test_warm_start_draws_hard_tasks_at_demo_hard_fraction():
     setup(0)
     for share, expected in ((0.0, {"easy"}), (1.0, {"hard"})):
@@ -480,7 +539,7 @@ def test_warm_start_with_a_single_family_ends(hard_fraction):
     # the warm start draws its tasks from its own env (demo_hard_fraction), whatever RL's mix is
     setup(0)
     t = RCGRPOTrainer(tiny(hard_fraction=hard_fraction, sft_batch_size=64))
-    assert len(t.sft_batch()) == 64
+    assert len(t.sft_batch()) >= 64
     assert t.demo_env.hard_fraction == t.config.demo_hard_fraction
     batch = t.rollout()
     assert batch.extras["hard"].all() if hard_fraction == 1.0 else not batch.extras["hard"].any()

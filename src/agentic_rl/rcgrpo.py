@@ -38,7 +38,7 @@ from .agent import AgentTrainer
 from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, ConfigError, _f, defaults
 from .envs import FileSystemEnv
 from .rollout import build_segments_batch
-from .utils import CONDITION_DRAW_OFFSET, eval_sampling_seed, fixed_rng, train_seed
+from .utils import CONDITION_DRAW_OFFSET, eval_sampling_seed, fixed_rng, substream, train_seed
 
 __all__ = [
     "ARMS",
@@ -72,10 +72,12 @@ class RCGRPOConfig(AgentFields):
 
     # --- defaults that differ from the agent fields'
     env: str = _f("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
-    sft_steps: int = _f(400, "Warm-start steps (SFT or RCTP, see warm_start) before RL.")
-    sft_learning_rate: float = _f(
-        3e-3, "Warm-start learning rate (the copying of names is learned at about 300 steps)."
+    sft_steps: int = _f(
+        700,
+        "Warm-start steps (SFT or RCTP, see warm_start) before RL: past the steep part of the "
+        "learning curve (the copying of names is learned at about 300 steps).",
     )
+    sft_learning_rate: float = _f(3e-3, "Warm-start learning rate.")
     max_steps: int = _f(50, "RL steps (one rollout batch each).")
     max_turns: int = _f(5, "Calls per episode, 'done' included (the hard tasks need 4).")
     max_action_tokens: int = _f(4, "Tokens of one call: the name, two arguments, the stop word.")
@@ -99,6 +101,13 @@ class RCGRPOConfig(AgentFields):
         "'sft': imitate the successful warm-start trajectories, no reward token; 'rctp': "
         "imitate all of them, each with its reward token in the prompt (RCTP).",
     )
+    warm_start_budget: str = _f(
+        "successes",
+        "What the two warm starts have in common: 'successes' (the paper's convention: each step "
+        "draws demonstrations until sft_batch_size of them succeed; SFT trains on those, RCTP on "
+        "those and the failures drawn between them, so RCTP sees every success SFT sees) or "
+        "'steps' (sft_batch_size trajectories a step for both: RCTP sees fewer successes).",
+    )
     conditioning: str = _f(
         "mixed",
         "Reward token of the RL rollouts: 'mixed' (RC-GRPO: drawn per rollout), 'high' (always "
@@ -118,6 +127,8 @@ class RCGRPOConfig(AgentFields):
         super().validate()
         if self.warm_start not in ("sft", "rctp"):
             self._bad("warm_start", "must be 'sft' or 'rctp'")
+        if self.warm_start_budget not in ("successes", "steps"):
+            self._bad("warm_start_budget", "must be 'successes' or 'steps'")
         if self.conditioning not in ("none", "high", "mixed"):
             self._bad("conditioning", "must be 'none', 'high' or 'mixed'")
         if self.token_assignment not in ("bernoulli", "split"):
@@ -141,12 +152,20 @@ class RCGRPOConfig(AgentFields):
         return 1 + 14 + self.max_action_tokens
 
 
-#: The lab's four arms: which warm start, and which tokens the RL rollouts get.
+#: The lab's arms: which warm start, and which tokens the RL rollouts get. The first four are the
+#: paper's ablation (RCTP success-matched to SFT, the paper's convention); then RCTP step-matched
+#: (as many trajectories as SFT, so fewer successes), and RC-GRPO anchored to the RCTP policy
+#: by a KL term (beta = 0.05, as one summary quotes the paper's setting; the others: beta = 0).
 ARMS: dict[str, dict] = {
     "SFT -> GRPO": dict(warm_start="sft", conditioning="none"),
     "RCTP -> GRPO": dict(warm_start="rctp", conditioning="high"),
     "RCTP -> RC-GRPO": dict(warm_start="rctp", conditioning="mixed"),
     "SFT -> RC-GRPO": dict(warm_start="sft", conditioning="mixed"),
+    "RCTPstep -> GRPO": dict(warm_start="rctp", warm_start_budget="steps", conditioning="high"),
+    "RCTPstep -> RC-GRPO": dict(
+        warm_start="rctp", warm_start_budget="steps", conditioning="mixed"
+    ),
+    "RCTP -> RC-GRPO, KL": dict(warm_start="rctp", conditioning="mixed", beta=0.05),
 }
 
 
@@ -280,14 +299,23 @@ class RCGRPOTrainer(AgentTrainer):
 
     # ------------------------------------------------------------------ warm start
     def sft_batch(self):
-        """``sft_batch_size`` warm-start episodes from the same stream of demonstrations (a
-        fraction ``demo_error_rate`` of them corrupted): RCTP keeps every one, with its reward
-        token first; SFT keeps the successful ones, with no token."""
-        c, rows = self.config, []
-        env = self.demo_env
-        while len(rows) < c.sft_batch_size:
-            seed = train_seed(self.problem_rng)
-            pairs = env.demonstration(seed, self.problem_rng, error_rate=c.demo_error_rate)
+        """One warm-start batch from this step's stream of demonstrations (a fraction
+        ``demo_error_rate`` of them corrupted; its own stream, :func:`substream`, so that both warm
+        starts leave the task stream of RL untouched): SFT keeps the successful ones, with no
+        token; RCTP keeps every one, with its reward token first. The batch ends at
+        ``sft_batch_size`` successes (``warm_start_budget="successes"``: RCTP's batch holds SFT's
+        and the failures drawn between them) or rows (``"steps"``)."""
+        c, rows, successes = self.config, [], 0
+        env, rng = self.demo_env, substream("rcgrpo-demos", c.seed, self.step)
+        count_successes = c.warm_start == "sft" or c.warm_start_budget == "successes"
+        drawn = 0
+        while (successes if count_successes else len(rows)) < c.sft_batch_size:
+            if drawn == 100 * c.sft_batch_size:
+                why = f"{successes} successes in {drawn} demonstrations: lower it"
+                raise ConfigError("demo_error_rate", why, c.demo_error_rate)
+            drawn += 1
+            pairs = env.demonstration(train_seed(rng), rng, error_rate=c.demo_error_rate)
+            successes += env.success
             if c.warm_start == "sft":
                 if not env.success:
                     continue
@@ -324,10 +352,11 @@ class RCGRPOTrainer(AgentTrainer):
 
     def rollout(self):
         """``prompts_per_step`` tasks x ``num_generations`` episodes; the tokens by
-        ``conditioning`` (RC-GRPO: :func:`draw_conditions` from the checkpointed task stream)."""
+        ``conditioning`` (RC-GRPO: :func:`draw_conditions` from a stream of their own, so that
+        every arm sees the same tasks)."""
         c = self.config
         seeds = [train_seed(self.problem_rng) for _ in range(c.prompts_per_step)]
-        tokens = self._draw_tokens(len(seeds), self.problem_rng)
+        tokens = self._draw_tokens(len(seeds), substream("rcgrpo-tokens", c.seed, self.step))
         # under torchrun: this rank's share of the tasks, each with its group's tokens
         seeds, tokens = dist.shard(seeds), dist.shard(tokens)
         return self.play(
@@ -336,7 +365,7 @@ class RCGRPOTrainer(AgentTrainer):
 
     def _draw_tokens(self, num_groups: int, rng: random.Random | None = None) -> list:
         """The reward token of each rollout of ``num_groups`` groups, by ``conditioning``
-        (``rng``: the checkpointed task stream in training; a fixed one in evaluation)."""
+        (``rng``: this step's own stream in training; a fixed one in evaluation)."""
         c, n = self.config, num_groups * self.config.num_generations
         if c.conditioning != "mixed":
             return [c.high_token if c.conditioning == "high" else None] * n
@@ -397,9 +426,10 @@ class RCGRPOTrainer(AgentTrainer):
 
 def run_arms(config: RCGRPOConfig, arms: dict[str, dict] = ARMS) -> dict[str, RCGRPOTrainer]:
     """Train the arms of the lab from shared warm starts (:func:`agentic_rl.runs.run_arms`): one
-    SFT and one RCTP policy, each trained once with ``config``, then every arm's RL from a copy
-    of its warm start. Returns the trained trainers by arm name."""
-    return runs.run_arms(RCGRPOTrainer, config, arms, start_fields=("warm_start",))
+    policy per (warm_start, warm_start_budget), each trained once with ``config``, then every
+    arm's RL from a copy of its warm start. Returns the trained trainers by arm name."""
+    start = ("warm_start", "warm_start_budget")
+    return runs.run_arms(RCGRPOTrainer, config, arms, start_fields=start)
 
 
 CONFIG, TRAINER = RCGRPOConfig, RCGRPOTrainer

@@ -8,6 +8,7 @@ training draws                  :func:`train_seed`: episode and problem seeds be
 held-out episode seeds          :func:`eval_seeds`: ``10**6 + 10_000 * seed + i``
 held-out problems (GRPO tasks)  ``random.Random(EVAL_PROBLEMS_OFFSET + seed)``
 probe seeds (GCD's coupling)    :func:`probe_seeds`: ``3 * 10**6 + i``
+a recipe's own draws per step   :func:`substream`: ``random.Random("name:seed:step")``
 evaluation sampling             :func:`fixed_rng` seeded with :func:`eval_sampling_seed`
 ==============================  ===============================================================
 """
@@ -32,6 +33,7 @@ __all__ = [
     "train_seed",
     "eval_seeds",
     "probe_seeds",
+    "substream",
     "eval_sampling_seed",
     "TRAIN_SEEDS",
     "EVAL_PROBLEMS_OFFSET",
@@ -52,6 +54,14 @@ _PROBE_SEEDS = 3 * 10**6
 def train_seed(rng: random.Random) -> int:
     """One training episode seed from the run's checkpointed task stream ``rng``."""
     return rng.randrange(TRAIN_SEEDS)
+
+
+def substream(name: str, seed: int, index: int) -> random.Random:
+    """A stream of its own for one step of one kind of draw (RC-GRPO's demonstrations and reward
+    tokens): a function of ``(name, seed, index)`` only, so it needs no checkpoint and takes
+    nothing from the task stream; arms that draw differently still see the same tasks. (A string
+    seed is hashed with SHA-512 by :class:`random.Random`, whatever ``PYTHONHASHSEED`` is.)"""
+    return random.Random(f"{name}:{seed}:{index}")
 
 
 def eval_seeds(seed: int, n: int) -> list[int]:
