@@ -155,7 +155,8 @@ class RCGRPOConfig(AgentFields):
 #: The lab's arms: which warm start, and which tokens the RL rollouts get. The first four are the
 #: paper's ablation (RCTP success-matched to SFT, the paper's convention); then RCTP step-matched
 #: (as many trajectories as SFT, so fewer successes), and RC-GRPO anchored to the RCTP policy
-#: by a KL term (beta = 0.05, as one summary quotes the paper's setting; the others: beta = 0).
+#: by a KL term (beta = 0.05, a value one summary quotes, not verified as the paper's; the
+#: others: beta = 0).
 ARMS: dict[str, dict] = {
     "SFT -> GRPO": dict(warm_start="sft", conditioning="none"),
     "RCTP -> GRPO": dict(warm_start="rctp", conditioning="high"),

@@ -144,7 +144,7 @@ class FileSystem:
 
     def _move(self, fn: str, source: str, destination: str, keep: bool) -> str:
         cwd = self.cwd
-        if source == destination:  # BFCL's mv would delete the item, its cp nest it in itself
+        if source == destination:  # BFCL: a folder moved or copied into itself
             return f"error {fn} {source} to itself"
         if source not in cwd:
             return f"error {fn} {source} no such file or directory"
