@@ -205,7 +205,8 @@ def zero_std_fraction(
 
 
 def variance_lower_bound(group_size: int, p_high: float, separation: float) -> float:
-    """Prop. 4.3 as reviewers quote it: ``E[sigma^2] >= (G - 1) / G * p (1 - p) * eps^2`` for a
+    """Prop. 4.3 as automated reviews quote it (eq. rc-bound):
+    ``E[sigma^2] >= (G - 1) / G * p (1 - p) * eps^2`` for a
     group whose tokens are i.i.d. Bernoulli(p) and whose success rates under the two tokens differ
     by ``eps``; ``sigma^2`` is the group's population variance (divided by G)."""
     return (group_size - 1) / group_size * p_high * (1 - p_high) * separation**2
@@ -221,7 +222,8 @@ def simulate_group_variance(
     assignment: str = "bernoulli",
     seed: int = 0,
 ) -> float:
-    """Monte Carlo estimate of ``E[sigma^2]`` (population variance of a group's binary rewards)
+    """Monte Carlo estimate of ``E[sigma^2]`` (eq. rc-variance: the population variance of a
+    group's binary rewards)
     when each rollout's token is drawn by :func:`draw_conditions` and it succeeds with
     ``success_high`` / ``success_low`` under its token."""
     rng = random.Random(seed)
@@ -300,7 +302,7 @@ class RCGRPOTrainer(AgentTrainer):
 
     # ------------------------------------------------------------------ warm start
     def sft_batch(self):
-        """One warm-start batch from this step's stream of demonstrations (a fraction
+        """One warm-start batch (eq. rctp) from this step's stream of demonstrations (a fraction
         ``demo_error_rate`` of them corrupted; its own stream, :func:`substream`, so that both warm
         starts leave the task stream of RL untouched): SFT keeps the successful ones, with no
         token; RCTP keeps every one, with its reward token first. The batch ends at
@@ -352,7 +354,8 @@ class RCGRPOTrainer(AgentTrainer):
     rollout_is_sharded = True
 
     def rollout(self):
-        """``prompts_per_step`` tasks x ``num_generations`` episodes; the tokens by
+        """``prompts_per_step`` tasks x ``num_generations`` episodes (advantages over the whole
+        mixed group, eq. rc-adv, by the base trainer); the tokens by
         ``conditioning`` (RC-GRPO: :func:`draw_conditions` from a stream of their own, so that
         every arm sees the same tasks)."""
         c = self.config
