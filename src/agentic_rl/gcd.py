@@ -164,7 +164,7 @@ class GCDConfig(AgentFields):
 
 #: The lab's arms, from the same SFT start: plain GRPO (its untrained judge is the control), GCD
 #: with the oracle labels (the analogue of the paper's) and with advantage labels; and the
-#: outcome labels as an ablation (a judge that can learn the base rate only).
+#: outcome labels as an ablation (the rule whose judge, unbalanced, learned only the base rate).
 ARMS: dict[str, dict] = {
     "GRPO": dict(judge_weight=0.0),
     "GCD oracle": dict(judge_weight=0.5, judge_labels="oracle"),
@@ -302,9 +302,9 @@ def measure_coupling(model, probes: tuple[Batch, Batch], *, lr: float = 0.01) ->
     """The coupling measurements on probe pairs, averaged over pairs. From one set of per-sample
     gradients (:func:`agentic_rl.coupling.pair_cosines`): ``grad_cos`` (eq. gcd-cos) next to its
     control ``grad_cos_control`` (pairs of different tasks with the same decisive word and probe
-    type) and
-    ``grad_cos_other`` (different words), the per-pair first-order spill share ``pair_spill``
-    next to ``pair_spill_control``, and both cosines by probe type (``_put``, ``_goto``). Then
+    type) and ``grad_cos_other`` (different words), the per-pair first-order spill share
+    ``pair_spill`` next to ``pair_spill_control``, and both cosines by probe type (``_put``,
+    ``_goto``); ``control_pairs`` counts the control pairs. Then
     ``hidden_cos`` (centred, at the decisive token), ``state_cos`` (centred, at the token it is
     chosen from) and ``spill``: the share of B rows whose flawed action *gained* probability from
     one SGD step on the mean of all A rows (a batch step, eq. gcd-spill with cross-pair terms).
