@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from agentic_rl import coupling
+from agentic_rl.config import ConfigError
 from agentic_rl.gcd import GCDConfig
 from agentic_rl.envs import HouseholdEnv
 from agentic_rl.envs.household import counterfactual_goal
@@ -428,15 +429,20 @@ def test_evaluation_plays_the_splits_it_names():
         assert all(len(k) == n for k, n in zip(b.extras["kinds"], b.extras["num_turns"].tolist()))
 
 
-def test_run_arms_shares_one_sft_start():
+def test_run_arms_shares_one_sft_start_per_judgement_weight_of_the_warm_start():
     arms = run_arms(tiny(max_steps=1, coupling_every=0), ARMS)
     assert list(arms) == list(ARMS)
-    before = [t.evals["before"]["id_sampled_success"] for t in arms.values()]
-    assert len(set(before)) == 1  # the same start, evaluated the same way
+    plain = [t for t in arms.values() if t.config.judge_sft_weight == 0]
+    judged = [t for t in arms.values() if t.config.judge_sft_weight > 0]
+    assert len(plain) == 4 and len(judged) == 2
+    for group in (plain, judged):
+        before = [t.evals["before"]["id_sampled_success"] for t in group]
+        assert len(set(before)) == 1  # the same start, evaluated the same way
+        assert all(t.sft_history == group[0].sft_history for t in group)
+    assert plain[0].sft_history != judged[0].sft_history  # the judged start is another model
     assert {t.config.judge_weight for t in arms.values()} == {0.0, 0.5}
-    assert [t.config.judge_labels for t in arms.values()][1:] == ["oracle", "advantage", "outcome"]
-    histories = [t.sft_history for t in arms.values()]
-    assert all(h == histories[0] and len(h) == 3 for h in histories)
+    assert [t.config.judge_labels for t in plain][1:] == ["oracle", "advantage", "outcome"]
+    assert len(plain[0].sft_history) == 3
 
 
 def test_build_segments_batch_probe_rows_are_right_padded(policy):
@@ -485,3 +491,67 @@ def test_judge_balance_is_a_validated_bool_flag_of_the_cli(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "--judge-balance" in out and "both classes count equally" in out
     assert "does not have" not in out and "DeepSeek" in out  # the oracle rule's provenance
+
+
+# --------------------------------------------------------------------------- the judged warm start
+
+
+def test_the_warm_start_batch_labels_each_teacher_action_at_its_last_token():
+    from agentic_rl.agent import AgentTrainer
+
+    a, b = (GCDTrainer(tiny(sft_steps=0, sft_batch_size=6)) for _ in range(2))
+    batch = a.sft_batch()
+    plain = AgentTrainer.sft_batch(b)  # the same rows as the agent trainer's warm start
+    assert torch.equal(batch.input_ids, plain.input_ids)
+    assert torch.equal(batch.loss_mask, plain.loss_mask)
+    flawed = 0
+    for i, (cols, good) in enumerate(zip(batch.extras["judge_cols"], batch.extras["judge_good"])):
+        assert len(cols) == len(good) > 0
+        words = a.tokenizer.convert_ids_to_tokens(batch.input_ids[i, cols].tolist())
+        assert set(words) == {"</action>"}  # the column where a rollout's turn_end would be
+        flawed += good.count(False)
+    assert flawed > 0  # the teacher's flawed actions are labelled bad
+
+
+def test_a_judged_warm_start_adds_the_weighted_judgement_loss_and_zero_changes_nothing():
+    torch.manual_seed(0)
+    base = GCDTrainer(tiny(sft_steps=0, sft_batch_size=8))
+    batch = base.sft_batch()
+    judged = GCDTrainer(tiny(sft_steps=0, judge_sft_weight=0.5), model=copy.deepcopy(base.model),
+                        tokenizer=base.tokenizer)
+    plain = GCDTrainer(tiny(sft_steps=0), model=copy.deepcopy(base.model),
+                       tokenizer=base.tokenizer)
+    logprobs, logits = sequence_logprobs(base.model, batch.input_ids, batch.attention_mask,
+                                         with_logits=True)
+    sft = -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
+    cols = batch.extras["judge_cols"]
+    rows = [i for i, row in enumerate(cols) for _ in row]
+    judge, _ = judgement_loss(logits, rows, [c for row in cols for c in row],
+                              [g for row in batch.extras["judge_good"] for g in row],
+                              base.judge_ids, balance=True)
+    assert judged.sft_update(batch) == pytest.approx((sft + 0.5 * judge).item(), rel=1e-5)
+    assert plain.sft_update(batch) == pytest.approx(sft.item(), rel=1e-5)
+    for field, value in (("judge_sft_weight", -0.1), ("judge_sft_weight", float("nan"))):
+        with pytest.raises(ConfigError, match=field):
+            tiny(**{field: value})
+
+
+def test_a_judged_warm_start_teaches_the_judge_to_separate_flawed_actions():
+    torch.manual_seed(0)
+    t = GCDTrainer(tiny(sft_steps=100, judge_sft_weight=1.0, sft_batch_size=32))  # SFT lr
+    batch = t.sft_batch()
+    good = torch.tensor([g for row in batch.extras["judge_good"] for g in row])
+    rows = [i for i, row in enumerate(batch.extras["judge_cols"]) for _ in row]
+    cols = [c for row in batch.extras["judge_cols"] for c in row]
+
+    def ranking():
+        with torch.no_grad():
+            _, logits = sequence_logprobs(t.model, batch.input_ids, batch.attention_mask,
+                                          with_logits=True)
+        pair = logits[rows, cols][:, list(t.judge_ids)]
+        return auroc(pair[:, 0] - pair[:, 1], good)
+
+    before = ranking()
+    for _ in range(60):  # the same batch: the judge must fit its labels
+        t.sft_update(batch)
+    assert ranking() > max(0.65, before + 0.1), (before, ranking())

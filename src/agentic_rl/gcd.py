@@ -47,7 +47,8 @@ from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, _f, def
 from .envs import HouseholdEnv
 from .envs.household import RECEPTACLES, counterfactual_goal
 from .rollout import Batch, build_segments_batch, sequence_logprobs
-from .utils import eval_sampling_seed, fixed_rng, probe_seeds
+from .losses import aggregate
+from .utils import eval_sampling_seed, fixed_rng, probe_seeds, train_seed
 
 __all__ = [
     "ARMS",
@@ -128,6 +129,12 @@ class GCDConfig(AgentFields):
         "count equally (a judge that always says the majority class no longer wins); false: the "
         "plain mean over the labelled actions.",
     )
+    judge_sft_weight: float = _f(
+        0.0,
+        "Weight of a judgement loss in the SFT warm start (0: none): after each of the teacher's "
+        "actions, its own label (good, or flawed), class-balanced, next to the SFT loss (the cold "
+        "start on critic data that summaries of the paper describe; the paper's is unknown).",
+    )
     good_token: str = _f("<|good|>", "The special token of the judgement 'good'.")
     bad_token: str = _f("<|bad|>", "The special token of the judgement 'bad'.")
     coupling_every: int = _f(
@@ -145,8 +152,9 @@ class GCDConfig(AgentFields):
             self._bad("max_turns", "must be >= 6 + slack (a 'put clean' task's plan is 6 actions)")
         if self.max_action_tokens < 5:
             self._bad("max_action_tokens", "must be >= 5 (four words and the stop word)")
-        if not (self.judge_weight >= 0 and math.isfinite(self.judge_weight)):
-            self._bad("judge_weight", "must be >= 0 and finite")
+        for name in ("judge_weight", "judge_sft_weight"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                self._bad(name, "must be >= 0 and finite")
         if self.judge_labels not in ("outcome", "advantage", "oracle"):
             self._bad("judge_labels", "must be 'outcome', 'advantage' or 'oracle'")
         if self.coupling_every < 0:
@@ -170,6 +178,9 @@ ARMS: dict[str, dict] = {
     "GCD oracle": dict(judge_weight=0.5, judge_labels="oracle"),
     "GCD advantage": dict(judge_weight=0.5, judge_labels="advantage"),
     "GCD outcome": dict(judge_weight=0.5, judge_labels="outcome"),
+    # from a warm start that also taught the judge (judge_sft_weight): GRPO, then GCD
+    "GRPO, judged SFT": dict(judge_weight=0.0, judge_labels="oracle", judge_sft_weight=0.1),
+    "GCD oracle, judged SFT": dict(judge_weight=0.5, judge_labels="oracle", judge_sft_weight=0.1),
 }
 
 
@@ -482,6 +493,49 @@ class GCDTrainer(AgentTrainer):
         batch.extras["kinds"] = [list(env.kinds) for env in envs]
         return batch
 
+    # ------------------------------------------------------------------ warm start
+    def sft_batch(self) -> Batch:
+        """The teacher's episodes (:meth:`AgentTrainer.sft_batch`), with each action's label for
+        a judged warm start: ``extras["judge_cols"]`` (per row, the column of each action's last
+        token, as ``turn_end`` in a rollout) and ``extras["judge_good"]`` (the action was good)."""
+        c, env, rows, labels = self.config, self.task, [], []
+        for _ in range(c.sft_batch_size):
+            pairs = env.demonstration(
+                train_seed(self.problem_rng), self.problem_rng, error_rate=c.demo_error_rate
+            )
+            segments = [((obs, False), (f"{act} </action>", True)) for obs, act in pairs]
+            rows.append([segment for pair in segments for segment in pair])
+            labels.append([kind == "good" for kind in env.kinds])
+        batch = build_segments_batch(self.tokenizer, rows, self.device)
+        trained = batch.loss_mask.bool()
+        ends = trained & ~torch.nn.functional.pad(trained[:, 1:], (0, 1))  # last of each run
+        batch.extras["judge_cols"] = [torch.nonzero(e).flatten().tolist() for e in ends]
+        batch.extras["judge_good"] = labels
+        return batch
+
+    def sft_update(self, batch: Batch) -> float:
+        """One SFT step; with ``judge_sft_weight`` > 0, plus that weight times the class-balanced
+        judgement loss on the teacher's labels, read from the same forward pass (eq. gcd-loss).
+        Returns the weighted sum."""
+        c = self.config
+        if c.judge_sft_weight == 0:
+            return super().sft_update(batch)
+        logprobs, logits = sequence_logprobs(
+            self.model, batch.input_ids, batch.attention_mask, with_logits=True
+        )
+        cols = batch.extras["judge_cols"]
+        rows = [i for i, row in enumerate(cols) for _ in row]
+        flat = [col for row in cols for col in row]
+        good = [g for row in batch.extras["judge_good"] for g in row]
+        judge, _ = judgement_loss(logits, rows, flat, good, self.judge_ids, balance=True)
+        loss = aggregate(-logprobs, batch.loss_mask, "token-mean") + c.judge_sft_weight * judge
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        return loss.item()
+
+    # ------------------------------------------------------------------ RL loss
     def compute_loss(self, batch, advantages, *, outputs=None):
         """GRPO's loss, plus ``lambda`` times the judgement loss read from the same forward pass
         (eq. gcd-total)."""
@@ -566,8 +620,9 @@ class GCDTrainer(AgentTrainer):
 
 
 def run_arms(config: GCDConfig, arms: dict[str, dict] = ARMS) -> dict[str, GCDTrainer]:
-    """The lab's arms from one shared SFT start (:func:`agentic_rl.runs.run_arms`)."""
-    return runs.run_arms(GCDTrainer, config, arms)
+    """The lab's arms from shared SFT starts (:func:`agentic_rl.runs.run_arms`): one per value
+    of ``judge_sft_weight``."""
+    return runs.run_arms(GCDTrainer, config, arms, start_fields=("judge_sft_weight",))
 
 
 CONFIG, TRAINER = GCDConfig, GCDTrainer
