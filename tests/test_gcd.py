@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from agentic_rl import coupling
+from agentic_rl.config import ConfigError
 from agentic_rl.gcd import GCDConfig
 from agentic_rl.envs import HouseholdEnv
 from agentic_rl.envs.household import counterfactual_goal
@@ -17,10 +18,13 @@ from agentic_rl.gcd import (
     ARMS,
     COUPLING_KEYS,
     GCDTrainer,
+    auroc,
     coupling_probes,
+    judge_metrics,
     judgement_labels,
     judgement_loss,
     lemma_value,
+    lemma_value_std,
     measure_coupling,
     run_arms,
     simulate_risky_action,
@@ -87,8 +91,19 @@ def test_the_lemma_holds_by_monte_carlo(q):
     se = math.sqrt(q * 0.25) / math.sqrt(n * g)  # |A 1{a}| <= 1: a generous standard error
     assert expected == pytest.approx(lemma_value(q, r), abs=5 * se)
     assert grouped == pytest.approx(lemma_value(q, r, group_size=g), abs=5 * se)
-    # with std normalisation there is no closed form, but the sign holds
-    assert simulate_risky_action(p, r, q, group_size=g, groups=n, scale="group") < -10 * se
+    # with std normalisation: the closed form conditioned on the group's successes
+    scaled = simulate_risky_action(p, r, q, group_size=g, groups=n, scale="group")
+    assert scaled < -10 * se
+    assert scaled == pytest.approx(lemma_value_std(q, r, p, g), abs=10 * se)
+
+
+def test_the_std_lemma_closed_form_on_known_values():
+    # the review's numbers (p = 0.8, r = 0.4, G = 8), and with sigma_k = 1 it is (G-1)/G q r (q-1)
+    assert lemma_value_std(0.5, 0.4, 0.8, 8) == pytest.approx(-0.1760, abs=1e-4)
+    assert lemma_value_std(0.1, 0.4, 0.8, 8) == pytest.approx(-0.0687, abs=1e-4)
+    assert lemma_value_std(0.3, 0.0, 0.8, 8) == 0.0  # no risk, no signal
+    assert lemma_value_std(0.5, 0.5, 1.0, 4) < 0
+    assert lemma_value_std(0.0, 0.4, 0.8, 8) == 0.0 and lemma_value_std(1.0, 0.4, 0.8, 8) == 0.0
 
 
 def test_no_risk_no_signal_and_bad_arguments():
@@ -206,10 +221,50 @@ def test_spillover_is_first_order_the_gradient_dot_product(policy):
 
 def test_measure_coupling_returns_its_keys_in_range(policy):
     model, tok = policy
-    m = measure_coupling(model, _pairs(tok, 4))
+    a, b = _pairs(tok, 8)
+    assert a.extras["probe"] == ["put", "goto"] * 4
+    m = measure_coupling(model, (a, b))
     assert set(m) == set(COUPLING_KEYS)
-    assert all(-1 - 1e-6 <= m[k] <= 1 + 1e-6 for k in ("grad_cos", "hidden_cos", "state_cos"))
-    assert 0 <= m["spill"] <= 1
+    cosines = [k for k in COUPLING_KEYS if "cos" in k and m[k] is not None]
+    assert "grad_cos" in cosines and all(-1 - 1e-6 <= m[k] <= 1 + 1e-6 for k in cosines)
+    assert 0 <= m["spill"] <= 1 and 0 <= m["pair_spill"] <= 1
+    # the same gradients as gradient_cosine, and the per-type means average to the overall one
+    paired = coupling.gradient_cosine(model, a, b)
+    assert m["grad_cos"] == pytest.approx(paired.mean().item(), abs=1e-5)
+    assert m["grad_cos_put"] == pytest.approx(paired[0::2].mean().item(), abs=1e-5)
+    assert m["pair_spill"] == pytest.approx((paired > 0).float().mean().item())
+    tokens, kinds = coupling.decisive_tokens(a).tolist(), a.extras["probe"]
+    pairs = [(i, j) for i in range(8) for j in range(8) if i != j and kinds[i] == kinds[j]]
+    same = sum(tokens[i] == tokens[j] for i, j in pairs)
+    assert m["control_pairs"] == same
+
+
+def test_pair_cosines_against_synthetic_gradients():
+    g = torch.eye(4)  # four orthogonal gradients
+    tokens = torch.tensor([7, 7, 9, 9])
+    out = coupling.pair_cosines(g, g.clone(), tokens)
+    assert out["grad_cos"] == pytest.approx(1.0) and out["pair_spill"] == 1.0
+    # control: (A_0, B_1), (A_1, B_0), (A_2, B_3), (A_3, B_2): orthogonal, so 0 and no spill
+    assert out["control_pairs"] == 4
+    assert out["grad_cos_control"] == pytest.approx(0.0) and out["pair_spill_control"] == 0.0
+    assert out["grad_cos_other"] == pytest.approx(0.0)
+    # B rows that copy their same-token partner in A: the control is 1, the pairs 0
+    gb = g[[1, 0, 3, 2]] * 3.0
+    out = coupling.pair_cosines(g, gb, tokens, ["put", "put", "goto", "goto"])
+    assert out["grad_cos"] == pytest.approx(0.0) and out["pair_spill"] == 0.0
+    assert out["grad_cos_control"] == pytest.approx(1.0) and out["pair_spill_control"] == 1.0
+    assert out["grad_cos_put"] == pytest.approx(0.0)
+    assert out["grad_cos_control_goto"] == pytest.approx(1.0)
+    # the control counts only same-token, same-kind pairs i != j; a -1 among other-token pairs
+    gb = torch.stack([g[0], g[1], -g[0], g[3]])
+    out = coupling.pair_cosines(g, gb, tokens)
+    assert out["grad_cos_other"] == pytest.approx(-1 / 8)  # A_0 . B_2 = -1, 8 other pairs
+    assert out["grad_cos_control"] == pytest.approx(0.0)
+    # same token but another kind is no control pair; a zero gradient gives cosine 0
+    out = coupling.pair_cosines(g, torch.zeros(4, 4), tokens, ["put", "goto", "put", "goto"])
+    assert out["grad_cos_control"] is None and out["pair_spill_control"] is None
+    assert out["control_pairs"] == 0 and out["grad_cos_control_put"] is None
+    assert out["grad_cos"] == 0.0 and out["pair_spill"] == 0.0
 
 
 # ---------------------------------------------------------------------- the judgement
@@ -252,14 +307,52 @@ def test_judgement_labels_by_each_rule():
         judgement_labels(batch, "advantage")
 
 
+def test_the_balanced_judgement_loss_by_hand():
+    logits = torch.zeros(1, 3, 4)
+    logits[0, 0, 1] = 2.0  # good example, good logit 2, bad 0
+    logits[0, 2, 2] = 1.0  # bad example, bad logit 1, good 0
+    rows, cols, good = [0, 0, 0], [0, 1, 2], [True, True, False]  # column 1: logits 0, 0
+    loss, m = judgement_loss(logits, rows, cols, good, (1, 2))
+    good_ce = (math.log(1 + math.exp(-2)) + math.log(2)) / 2
+    bad_ce = math.log(1 + math.exp(-1))
+    assert loss.item() == pytest.approx((good_ce + bad_ce) / 2)  # each class counts 1/2
+    plain, _ = judgement_loss(logits, rows, cols, good, (1, 2), balance=False)
+    assert plain.item() == pytest.approx((2 * good_ce + bad_ce) / 3)
+    # says good at column 0 only (column 1 is a tie: not "good"); recalls 1/2 and 1
+    assert m["judge_accuracy"] == pytest.approx(2 / 3)
+    assert m["judge_balanced_accuracy"] == pytest.approx(0.75)
+    assert m["judge_base_rate"] == pytest.approx(2 / 3) and m["judge_auroc"] == pytest.approx(1.0)
+    one, m1 = judgement_loss(logits, rows[:2], cols[:2], good[:2], (1, 2))  # one class only
+    assert one.item() == pytest.approx(good_ce) and m1["judge_balanced_accuracy"] is None
+
+
+def test_auroc_and_balanced_accuracy_on_hand_made_cases():
+    assert auroc([0.1, 0.4, 0.35, 0.8], [False, False, True, True]) == pytest.approx(0.75)
+    assert auroc([1.0, 1.0, 1.0], [True, False, True]) == pytest.approx(0.5)  # all tied
+    assert auroc([2.0, 1.0, 1.0, 0.0], [True, True, False, False]) == pytest.approx(7 / 8)
+    assert auroc([0.0, 1.0], [False, True]) == 1.0 and auroc([0.0, 1.0], [True, False]) == 0.0
+    assert auroc([0.0, 1.0], [True, True]) is None
+    # a constant judge: balanced accuracy 1/2 and AUROC 1/2, whatever the base rate
+    pair = torch.tensor([[1.0, 0.0]] * 10)
+    labels = torch.tensor([True] * 9 + [False])
+    m = judge_metrics(pair, labels)
+    assert m["judge_accuracy"] == pytest.approx(0.9) and m["judge_base_rate"] == pytest.approx(0.9)
+    assert m["judge_balanced_accuracy"] == 0.5 and m["judge_auroc"] == 0.5
+    m = judge_metrics(pair, ~labels, prefix="x_")
+    assert m["x_base_rate"] == pytest.approx(0.9) and m["x_good_share"] == pytest.approx(0.1)
+
+
 def test_judgement_loss_is_the_two_way_cross_entropy():
     torch.manual_seed(0)
     logits = torch.randn(2, 6, 9, requires_grad=True)
     rows, cols, good = [0, 1, 1], [1, 2, 4], [True, False, True]
-    loss, m = judgement_loss(logits, rows, cols, good, (7, 3))
+    loss, m = judgement_loss(logits, rows, cols, good, (7, 3), balance=False)
     pair = torch.stack([logits[r, c, [7, 3]] for r, c in zip(rows, cols)])
     manual = torch.nn.functional.cross_entropy(pair, torch.tensor([0, 1, 0]))
     assert loss.item() == pytest.approx(manual.item())
+    balanced, _ = judgement_loss(logits, rows, cols, good, (7, 3))
+    ce = torch.nn.functional.cross_entropy(pair, torch.tensor([0, 1, 0]), reduction="none")
+    assert balanced.item() == pytest.approx(((ce[0] + ce[2]) / 2 + ce[1]).item() / 2)
     says = (pair[:, 0] > pair[:, 1]).tolist()
     assert m["judge_accuracy"] == pytest.approx(sum(s == g for s, g in zip(says, good)) / 3)
     assert m["judge_good_share"] == pytest.approx(2 / 3)
@@ -302,7 +395,8 @@ def test_with_weight_zero_the_loss_is_grpo_and_with_lambda_it_adds_the_judgement
 
 
 def test_a_short_run_logs_flaws_judgements_and_coupling_and_evaluates_both_splits():
-    trainer = GCDTrainer(tiny(judge_weight=0.5, max_steps=4))
+    config = tiny(judge_weight=0.5, max_steps=4, judge_labels="oracle", eval_samples=2)
+    trainer = GCDTrainer(config)
     summary = trainer.train()
     h = trainer.history
     assert [r["grad_cos"] is not None for r in h] == [False, True, False, True]
@@ -311,9 +405,19 @@ def test_a_short_run_logs_flaws_judgements_and_coupling_and_evaluates_both_split
         assert "judge_loss" in r and math.isfinite(r["judge_loss"])
     for when in ("before", "after"):
         for split in ("id", "ood"):
-            for key in ("sampled_success", "greedy_success", "sampled_flawed_rate", *COUPLING_KEYS):
+            keys = ("sampled_success", "greedy_success", "sampled_flawed_rate", "judge_base_rate")
+            for key in keys + ("grad_cos", "hidden_cos", "state_cos", "spill", "pair_spill"):
                 value = summary[f"{split}_{key}_{when}"]
                 assert value is not None and math.isfinite(value), (split, key, when)
+            for key in COUPLING_KEYS:
+                assert f"{split}_{key}_{when}" in summary
+            for rule in ("outcome", "advantage", "oracle"):
+                for k in ("balanced_accuracy", "auroc", "base_rate"):
+                    assert f"{split}_judge_{rule}_{k}_{when}" in summary
+            own = summary[f"{split}_judge_auroc_{when}"]
+            # the run's own rule, here the oracle
+            assert own == summary[f"{split}_judge_oracle_auroc_{when}"]
+            assert 0.5 <= summary[f"{split}_judge_oracle_base_rate_{when}"] <= 1
     assert summary["ood_success_after"] == summary["ood_sampled_success_after"]
 
 
@@ -325,14 +429,20 @@ def test_evaluation_plays_the_splits_it_names():
         assert all(len(k) == n for k, n in zip(b.extras["kinds"], b.extras["num_turns"].tolist()))
 
 
-def test_run_arms_shares_one_sft_start():
+def test_run_arms_shares_one_sft_start_per_judgement_weight_of_the_warm_start():
     arms = run_arms(tiny(max_steps=1, coupling_every=0), ARMS)
     assert list(arms) == list(ARMS)
-    before = [t.evals["before"]["id_sampled_success"] for t in arms.values()]
-    assert len(set(before)) == 1  # the same start, evaluated the same way
-    assert {t.config.judge_weight for t in arms.values()} == {0.0, 0.1, 0.5}
-    histories = [t.sft_history for t in arms.values()]
-    assert all(h == histories[0] and len(h) == 3 for h in histories)
+    plain = [t for t in arms.values() if t.config.judge_sft_weight == 0]
+    judged = [t for t in arms.values() if t.config.judge_sft_weight > 0]
+    assert len(plain) == 4 and len(judged) == 2
+    for group in (plain, judged):
+        before = [t.evals["before"]["id_sampled_success"] for t in group]
+        assert len(set(before)) == 1  # the same start, evaluated the same way
+        assert all(t.sft_history == group[0].sft_history for t in group)
+    assert plain[0].sft_history != judged[0].sft_history  # the judged start is another model
+    assert {t.config.judge_weight for t in arms.values()} == {0.0, 0.5}
+    assert [t.config.judge_labels for t in plain][1:] == ["oracle", "advantage", "outcome"]
+    assert len(plain[0].sft_history) == 3
 
 
 def test_build_segments_batch_probe_rows_are_right_padded(policy):
@@ -366,3 +476,82 @@ def test_lora_coupling_leaves_the_model_copyable_and_a_run_finishes():
     copy.deepcopy(trainer.model)
     summary = trainer.train()  # evaluates both splits' coupling, before and after RL
     assert summary["rl_steps"] == 1
+
+
+def test_judge_balance_is_a_validated_bool_flag_of_the_cli(capsys):
+    from agentic_rl.cli import config_from_args
+
+    assert GCDConfig().judge_balance is True
+    parsed = config_from_args(GCDConfig, ["--judge-balance", "false"], prog="t")
+    assert parsed.judge_balance is False
+    with pytest.raises(ValueError, match="judge_balance"):
+        GCDConfig(judge_balance="yes")
+    with pytest.raises(SystemExit):
+        config_from_args(GCDConfig, ["--help"], prog="t")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "--judge-balance" in out and "both classes count equally" in out
+    assert "does not have" not in out and "DeepSeek" in out  # the oracle rule's provenance
+
+
+# --------------------------------------------------------------------------- the judged warm start
+
+
+def test_the_warm_start_batch_labels_each_teacher_action_at_its_last_token():
+    from agentic_rl.agent import AgentTrainer
+
+    a, b = (GCDTrainer(tiny(sft_steps=0, sft_batch_size=6)) for _ in range(2))
+    batch = a.sft_batch()
+    plain = AgentTrainer.sft_batch(b)  # the same rows as the agent trainer's warm start
+    assert torch.equal(batch.input_ids, plain.input_ids)
+    assert torch.equal(batch.loss_mask, plain.loss_mask)
+    flawed = 0
+    for i, (cols, good) in enumerate(zip(batch.extras["judge_cols"], batch.extras["judge_good"])):
+        assert len(cols) == len(good) > 0
+        words = a.tokenizer.convert_ids_to_tokens(batch.input_ids[i, cols].tolist())
+        assert set(words) == {"</action>"}  # the column where a rollout's turn_end would be
+        flawed += good.count(False)
+    assert flawed > 0  # the teacher's flawed actions are labelled bad
+
+
+def test_a_judged_warm_start_adds_the_weighted_judgement_loss_and_zero_changes_nothing():
+    torch.manual_seed(0)
+    base = GCDTrainer(tiny(sft_steps=0, sft_batch_size=8))
+    batch = base.sft_batch()
+    judged = GCDTrainer(tiny(sft_steps=0, judge_sft_weight=0.5), model=copy.deepcopy(base.model),
+                        tokenizer=base.tokenizer)
+    plain = GCDTrainer(tiny(sft_steps=0), model=copy.deepcopy(base.model),
+                       tokenizer=base.tokenizer)
+    logprobs, logits = sequence_logprobs(base.model, batch.input_ids, batch.attention_mask,
+                                         with_logits=True)
+    sft = -(logprobs * batch.loss_mask).sum() / batch.loss_mask.sum()
+    cols = batch.extras["judge_cols"]
+    rows = [i for i, row in enumerate(cols) for _ in row]
+    judge, _ = judgement_loss(logits, rows, [c for row in cols for c in row],
+                              [g for row in batch.extras["judge_good"] for g in row],
+                              base.judge_ids, balance=True)
+    assert judged.sft_update(batch) == pytest.approx((sft + 0.5 * judge).item(), rel=1e-5)
+    assert plain.sft_update(batch) == pytest.approx(sft.item(), rel=1e-5)
+    for field, value in (("judge_sft_weight", -0.1), ("judge_sft_weight", float("nan"))):
+        with pytest.raises(ConfigError, match=field):
+            tiny(**{field: value})
+
+
+def test_a_judged_warm_start_teaches_the_judge_to_separate_flawed_actions():
+    torch.manual_seed(0)
+    t = GCDTrainer(tiny(sft_steps=100, judge_sft_weight=1.0, sft_batch_size=32))  # SFT lr
+    batch = t.sft_batch()
+    good = torch.tensor([g for row in batch.extras["judge_good"] for g in row])
+    rows = [i for i, row in enumerate(batch.extras["judge_cols"]) for _ in row]
+    cols = [c for row in batch.extras["judge_cols"] for c in row]
+
+    def ranking():
+        with torch.no_grad():
+            _, logits = sequence_logprobs(t.model, batch.input_ids, batch.attention_mask,
+                                          with_logits=True)
+        pair = logits[rows, cols][:, list(t.judge_ids)]
+        return auroc(pair[:, 0] - pair[:, 1], good)
+
+    before = ranking()
+    for _ in range(60):  # the same batch: the judge must fit its labels
+        t.sft_update(batch)
+    assert ranking() > max(0.65, before + 0.1), (before, ranking())

@@ -9,9 +9,15 @@ whose row ``i`` holds the same action after state A_i and after state B_i (the a
 
 - :func:`gradient_cosine`: cos(grad log pi(a|A_i), grad log pi(a|B_i)) per pair (eq. gcd-cos),
   with per-sample gradients from ``torch.func`` (one ``vmap``, no Python loop over samples);
-- :func:`spillover`: one plain gradient step that raises log pi(a|A) on the A rows only, and the
-  change it causes in log pi(a|B) (eq. gcd-spill): to first order the step times the gradient dot
-  product, measured exactly;
+- :func:`pair_cosines`: from those same gradients, the paired cosine next to its *control*: pairs
+  (A_i, B_j), i != j, of different tasks whose decisive token (the word the action is scored on)
+  and probe type are the same, and pairs whose decisive tokens differ; and the first-order
+  per-pair spill share (the pairs with g_A_i . g_B_i > 0, eq. gcd-spill) next to the same share
+  over the control pairs;
+- :func:`spillover`: one plain SGD step on the *mean* log pi(a|A) of all A rows (a batch step),
+  and the change it causes in each log pi(a|B_i): to first order ``lr * g_B_i . mean_j g_A_j``,
+  cross-pair terms included, measured exactly (AdamW's step would be ``g_B . D g_A``, with D
+  its preconditioner; only SGD is measured here);
 - :func:`hidden_cosine`: the cosine of the model's last hidden states of the two rows, at the
   action's last token (where GCD's judgement is read) or at the last state token.
 
@@ -32,7 +38,9 @@ __all__ = [
     "action_logprobs",
     "gradient_cosine",
     "hidden_cosine",
+    "decisive_tokens",
     "last_block_names",
+    "pair_cosines",
     "per_sample_grads",
     "spillover",
 ]
@@ -106,9 +114,60 @@ def gradient_cosine(
     return torch.nn.functional.cosine_similarity(ga, gb, dim=1)
 
 
+def decisive_tokens(batch: Batch) -> torch.Tensor:
+    """``[N]``: the token id at each row's last ``loss_mask`` position (the probe's decisive
+    word)."""
+    cols = torch.arange(batch.loss_mask.shape[1], device=batch.loss_mask.device)
+    col = (cols * batch.loss_mask.bool()).max(1).values
+    return batch.input_ids[torch.arange(len(batch)), col]
+
+
+def _mean(x: torch.Tensor):
+    return x.double().mean().item() if x.numel() else None
+
+
+def pair_cosines(ga, gb, tokens, kinds: list[str] | None = None) -> dict:
+    """Paired gradient cosines next to their controls, from per-sample gradients ``ga``, ``gb``
+    ``[N, P]`` of the A and the B rows, the decisive token of each pair ``tokens`` ``[N]`` and,
+    optionally, each pair's kind (its probe type):
+
+    - ``grad_cos``: mean cos(g_A_i, g_B_i) (eq. gcd-cos), the probe pairs;
+    - ``grad_cos_control``: mean cos(g_A_i, g_B_j) over i != j with the same decisive token and
+      the same kind (another task, the same output word in the same action); ``grad_cos_other``:
+      over pairs whose decisive tokens differ;
+    - ``pair_spill``: the share of pairs with g_A_i . g_B_i > 0 (a step on A_i alone raises the
+      action in B_i, to first order: eq. gcd-spill); ``pair_spill_control``: the same share over
+      the control pairs; ``control_pairs``: how many (ordered) there are;
+    - per kind ``k``: ``grad_cos_<k>`` and ``grad_cos_control_<k>``.
+
+    A mean over no pairs is ``None``."""
+    normed_a = torch.nn.functional.normalize(ga.double(), dim=1)
+    cos = normed_a @ torch.nn.functional.normalize(gb.double(), dim=1).T  # cos(g_A_i, g_B_j)
+    n = len(tokens)
+    kinds = list(kinds) if kinds is not None else [""] * n
+    kind_of = torch.tensor([sorted(set(kinds)).index(k) for k in kinds], device=cos.device)
+    same_kind = kind_of[:, None] == kind_of[None, :]
+    same = (tokens[:, None] == tokens[None, :]).to(cos.device)
+    control = same & same_kind & ~torch.eye(n, dtype=torch.bool, device=cos.device)
+    out = dict(
+        grad_cos=_mean(cos.diagonal()),
+        grad_cos_control=_mean(cos[control]),
+        grad_cos_other=_mean(cos[~same]),
+        pair_spill=_mean(cos.diagonal() > 0),
+        pair_spill_control=_mean(cos[control] > 0),
+        control_pairs=int(control.sum()),
+    )
+    for k in sorted(set(kinds) - {""}):
+        rows = torch.tensor([x == k for x in kinds], device=cos.device)
+        out[f"grad_cos_{k}"] = _mean(cos.diagonal()[rows])
+        out[f"grad_cos_control_{k}"] = _mean(cos[control & rows[:, None]])
+    return out
+
+
 def spillover(model, batch_a: Batch, batch_b: Batch, *, lr: float = 0.01) -> dict:
-    """One gradient-ascent step of size ``lr`` (plain SGD) on the mean ``log pi(a|A)`` of the A
-    rows, applied to a copy of ``model``; returns the per-pair changes ``delta_a`` (what was asked
+    """One gradient-ascent step of size ``lr`` (plain SGD) on the mean ``log pi(a|A)`` of all A
+    rows (a batch step: B_i's change includes the cross-pair terms g_B_i . g_A_j), applied to a
+    copy of ``model``; returns the per-pair changes ``delta_a`` (what was asked
     for) and ``delta_b`` (what leaked into the B states) of ``log pi(a|s)``, ``[N]`` each, and
     their ratio ``sum(delta_b) / sum(delta_a)`` (eq. gcd-spill)."""
     moved = copy.deepcopy(model).eval()

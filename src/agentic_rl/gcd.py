@@ -1,4 +1,4 @@
-"""GCD (Liu et al. 2025): why flawed actions survive outcome-reward GRPO, and a classification loss.
+"""GCD (Liu et al. 2025): why flawed actions survive outcome-reward GRPO; a classification loss.
 
 The paper's argument has three parts, and this module gives each a function:
 
@@ -15,16 +15,19 @@ The paper's argument has three parts, and this module gives each a function:
 
 **GCD** (generative classification disentanglement) trains the same model to judge each of its
 actions: right after an action's last token, the model's next token is trained to be
-``<|good|>`` or ``<|bad|>`` (cross-entropy over the whole vocabulary: a *generative* classifier,
-eq. gcd-loss), with weight ``lambda`` next to the GRPO loss. The judgement is read from the same
-forward pass as the policy loss; the rollout never samples at that position (the environment's
-next observation follows the action), so the policy is not asked to emit it.
+``<|good|>`` or ``<|bad|>`` (a *generative* classifier read through a two-token verbalizer: the
+cross-entropy of the softmax over those two tokens' logits only, each class weighted to count
+equally, eq. gcd-loss), with weight ``lambda`` next to the GRPO loss. The judgement is read from
+the same forward pass as the policy loss; the rollout never samples at that position (the
+environment's next observation follows the action), so the policy is not asked to emit it.
 
 What is the paper's and what is reconstructed (``reference/algorithms.md`` sections 6 and 15): the
 Lemma and the coupling hypothesis are the paper's; the exact GCD loss, its prompt, its labels and
-its weight are not published in any source reachable here. The label rules (``judge_labels``:
-the episode's outcome, the sign of its advantage, or the environment's flawed-action flag) and the
-position of the judgement are this book's choices. The paper was withdrawn from ICLR 2026.
+its weight are not published in any source reachable here; the paper's Figure 5 caption says its
+action labels "are determined by the consistency of 5 judgments from Deepseek V3", of which the
+environment's own flawed-action flag (``judge_labels="oracle"``) is the analogue here. The other
+label rules (the episode's outcome, the sign of its advantage) and the position of the judgement
+are this book's choices. The paper was withdrawn from ICLR 2026.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, _f, def
 from .envs import HouseholdEnv
 from .envs.household import RECEPTACLES, counterfactual_goal
 from .rollout import Batch, build_segments_batch, sequence_logprobs
-from .utils import eval_sampling_seed, fixed_rng, probe_seeds
+from .losses import aggregate
+from .utils import eval_sampling_seed, fixed_rng, probe_seeds, train_seed
 
 __all__ = [
     "ARMS",
@@ -53,7 +57,10 @@ __all__ = [
     "coupling_probes",
     "judgement_labels",
     "judgement_loss",
+    "auroc",
+    "judge_metrics",
     "lemma_value",
+    "lemma_value_std",
     "measure_coupling",
     "run_arms",
     "simulate_risky_action",
@@ -113,7 +120,20 @@ class GCDConfig(AgentFields):
         "outcome",
         "Label of each action for the judgement: 'outcome' (the episode's success), 'advantage' "
         "(the sign of its GRPO advantage; 0: no label) or 'oracle' (the environment's own "
-        "flawed-action flag, which the paper does not have). The paper's rule is unknown.",
+        "flawed-action flag: the analogue of the paper's labels, which its Figure 5 says come "
+        "from the consistency of 5 judgments by DeepSeek-V3).",
+    )
+    judge_balance: bool = _f(
+        True,
+        "Class-balance the judgement loss: weight each class's examples so that both classes "
+        "count equally (a judge that always says the majority class no longer wins); false: the "
+        "plain mean over the labelled actions.",
+    )
+    judge_sft_weight: float = _f(
+        0.0,
+        "Weight of a judgement loss in the SFT warm start (0: none): after each of the teacher's "
+        "actions, its own label (good, or flawed), class-balanced, next to the SFT loss (the cold "
+        "start on critic data that summaries of the paper describe; the paper's is unknown).",
     )
     good_token: str = _f("<|good|>", "The special token of the judgement 'good'.")
     bad_token: str = _f("<|bad|>", "The special token of the judgement 'bad'.")
@@ -132,8 +152,9 @@ class GCDConfig(AgentFields):
             self._bad("max_turns", "must be >= 6 + slack (a 'put clean' task's plan is 6 actions)")
         if self.max_action_tokens < 5:
             self._bad("max_action_tokens", "must be >= 5 (four words and the stop word)")
-        if not (self.judge_weight >= 0 and math.isfinite(self.judge_weight)):
-            self._bad("judge_weight", "must be >= 0 and finite")
+        for name in ("judge_weight", "judge_sft_weight"):
+            if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
+                self._bad(name, "must be >= 0 and finite")
         if self.judge_labels not in ("outcome", "advantage", "oracle"):
             self._bad("judge_labels", "must be 'outcome', 'advantage' or 'oracle'")
         if self.coupling_every < 0:
@@ -149,11 +170,17 @@ class GCDConfig(AgentFields):
         return 38 + self.max_action_tokens
 
 
-#: The lab's arms: plain GRPO and GRPO + GCD at two weights, from the same SFT start.
+#: The lab's arms, from the same SFT start: plain GRPO (its untrained judge is the control), GCD
+#: with the oracle labels (the analogue of the paper's) and with advantage labels; and the
+#: outcome labels as an ablation (the rule whose judge, unbalanced, learned only the base rate).
 ARMS: dict[str, dict] = {
     "GRPO": dict(judge_weight=0.0),
-    "GCD 0.1": dict(judge_weight=0.1),
-    "GCD 0.5": dict(judge_weight=0.5),
+    "GCD oracle": dict(judge_weight=0.5, judge_labels="oracle"),
+    "GCD advantage": dict(judge_weight=0.5, judge_labels="advantage"),
+    "GCD outcome": dict(judge_weight=0.5, judge_labels="outcome"),
+    # from a warm start that also taught the judge (judge_sft_weight): GRPO, then GCD
+    "GRPO, judged SFT": dict(judge_weight=0.0, judge_labels="oracle", judge_sft_weight=0.1),
+    "GCD oracle, judged SFT": dict(judge_weight=0.5, judge_labels="oracle", judge_sft_weight=0.1),
 }
 
 
@@ -166,6 +193,29 @@ def lemma_value(q: float, r: float, group_size: int | None = None) -> float:
     ``(G - 1) / G`` of it."""
     value = q * r * (q - 1)
     return value if group_size is None else value * (group_size - 1) / group_size
+
+
+def lemma_value_std(q: float, r: float, p: float, group_size: int) -> float:
+    """``E[A 1{a}]`` under GRPO's std-normalised advantage (unbiased group std), in closed form.
+    Condition on the group's ``k`` successes (``0 < k < G``; other groups give 0): each success
+    took the action with probability ``q_s = q (p - r) / eta``, each failure with ``q_f = q (1 - p
+    + r) / (1 - eta)``, ``eta = p - q r``; a success's advantage is ``(1 - k/G) / sigma_k``, a
+    failure's ``-k/G / sigma_k``, ``sigma_k = sqrt(k (G - k) / (G (G - 1)))``. So
+
+    ``E[A 1{a}] = 1/G sum_k C(G, k) eta^k (1 - eta)^(G-k) k (G - k) (q_s - q_f) / (G sigma_k)``,
+
+    negative whenever ``r > 0`` (then ``q_s < q_f``); with ``sigma_k = 1`` it is eq.
+    gcd-lemma-group."""
+    g, eta = group_size, p - q * r
+    if not 0 < eta < 1:
+        return 0.0  # every group is all-success or all-failure: no spread, no advantage
+    q_s, q_f = q * (p - r) / eta, q * (1 - p + r) / (1 - eta)
+    total = 0.0
+    for k in range(1, g):
+        sigma = math.sqrt(k * (g - k) / (g * (g - 1)))
+        weight = math.comb(g, k) * eta**k * (1 - eta) ** (g - k)
+        total += weight * k * (g - k) * (q_s - q_f) / (g * sigma)
+    return total / g
 
 
 def simulate_risky_action(
@@ -229,7 +279,7 @@ def coupling_probes(
 
     Only the action's decisive token, its last word ``T``, has ``loss_mask`` 1: the words before
     it (``put O in``) are right in both states, and would otherwise dominate ``log pi(a|s)`` with
-    a coupling that is no flaw."""
+    a coupling that is no flaw. ``extras["probe"]``: each row's type, ``"put"`` or ``"goto"``."""
     env = env or HouseholdEnv()
     rows_a, rows_b = [], []
     for seed in seeds:
@@ -245,26 +295,38 @@ def coupling_probes(
             *lead, decisive = pairs[k][1].split()
             segments += [(pairs[k][0], False), (" ".join(lead), False), (decisive, True)]
             rows.append(segments)
-    return build_segments_batch(tokenizer, rows_a, device), build_segments_batch(
-        tokenizer, rows_b, device
-    )
+    a, b = (build_segments_batch(tokenizer, rows, device) for rows in (rows_a, rows_b))
+    for batch in (a, b):  # the probe type of each row, for measure_coupling's split
+        batch.extras["probe"] = ["put" if seed % 2 == 0 else "goto" for seed in seeds]
+    return a, b
 
 
 #: What :func:`measure_coupling` returns.
-COUPLING_KEYS = ("grad_cos", "hidden_cos", "state_cos", "spill")
+COUPLING_KEYS = (
+    *("grad_cos", "grad_cos_control", "grad_cos_other", "pair_spill", "pair_spill_control"),
+    *("grad_cos_put", "grad_cos_control_put", "grad_cos_goto", "grad_cos_control_goto"),
+    *("control_pairs", "hidden_cos", "state_cos", "spill"),
+)
 
 
 def measure_coupling(model, probes: tuple[Batch, Batch], *, lr: float = 0.01) -> dict:
-    """The coupling measurements on probe pairs, averaged over pairs: ``grad_cos`` (eq.
-    gcd-cos), ``hidden_cos`` (centred, at the decisive token), ``state_cos`` (centred, at the token
-    it is chosen from) and ``spill``: the share of pairs whose flawed action in B *gained*
-    probability from one SGD step on the A rows (eq. gcd-spill). The share, not the ratio of the
-    changes: where the policy is already sure in A, the change there is tiny and the ratio says
-    more about that than about coupling."""
+    """The coupling measurements on probe pairs, averaged over pairs. From one set of per-sample
+    gradients (:func:`agentic_rl.coupling.pair_cosines`): ``grad_cos`` (eq. gcd-cos) next to its
+    control ``grad_cos_control`` (pairs of different tasks with the same decisive word and probe
+    type) and ``grad_cos_other`` (different words), the per-pair first-order spill share
+    ``pair_spill`` next to ``pair_spill_control``, and both cosines by probe type (``_put``,
+    ``_goto``); ``control_pairs`` counts the control pairs. Then
+    ``hidden_cos`` (centred, at the decisive token), ``state_cos`` (centred, at the token it is
+    chosen from) and ``spill``: the share of B rows whose flawed action *gained* probability from
+    one SGD step on the mean of all A rows (a batch step, eq. gcd-spill with cross-pair terms).
+    Shares, not ratios of changes: where the policy is already sure in A, the change there is
+    tiny and a ratio says more about that than about coupling."""
     a, b = probes
     moved = coupling.spillover(model, a, b, lr=lr)
+    ga, gb = coupling.per_sample_grads(model, a), coupling.per_sample_grads(model, b)
+    tokens, kinds = coupling.decisive_tokens(a), a.extras.get("probe")
     return dict(
-        grad_cos=coupling.gradient_cosine(model, a, b).mean().item(),
+        **coupling.pair_cosines(ga, gb, tokens, kinds),
         hidden_cos=coupling.hidden_cosine(model, a, b, at="action").mean().item(),
         state_cos=coupling.hidden_cosine(model, a, b, at="state").mean().item(),
         spill=(moved["delta_b"] > 0).float().mean().item(),
@@ -305,30 +367,70 @@ def judgement_labels(
     return rows, cols, good
 
 
+def auroc(scores, positive) -> float | None:
+    """The area under the ROC curve of ``scores`` for the ``positive`` (bool) class, exactly: the
+    chance that a random positive scores above a random negative, ties counting 1/2 (ranks of
+    the Mann-Whitney U statistic, tied values sharing their average rank). ``None`` if a class is
+    absent."""
+    s = torch.as_tensor(scores, dtype=torch.float64).flatten()
+    y = torch.as_tensor(positive, dtype=torch.bool, device=s.device).flatten()
+    n1, n0 = int(y.sum()), int((~y).sum())
+    if n1 == 0 or n0 == 0:
+        return None
+    _, inverse, counts = torch.unique(s, return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()
+    ranks = (ends - (counts - 1) / 2)[inverse]  # 1-based, ties at their average rank
+    return ((ranks[y].sum() - n1 * (n1 + 1) / 2) / (n1 * n0)).item()
+
+
+def judge_metrics(pair: torch.Tensor, is_good: torch.Tensor, prefix: str = "judge_") -> dict:
+    """A judge's scores ``pair`` ``[N, 2]`` (logits of good, bad) against labels ``is_good``:
+    ``accuracy``, ``good_share``, ``base_rate`` (the share of the majority class: what a judge
+    that always says it scores), ``balanced_accuracy`` (the mean of the recalls of the two
+    classes; 0.5 for any constant judge) and ``auroc`` (of the logit difference good - bad).
+    The last two are ``None`` when a class is absent."""
+    says, good = pair[:, 0] > pair[:, 1], is_good.bool()
+    both = bool(good.any() and (~good).any())
+    share = good.double().mean().item() if len(good) else None
+    out = dict(
+        accuracy=(says == good).double().mean().item() if len(good) else None,
+        good_share=share,
+        base_rate=max(share, 1 - share) if share is not None else None,
+        balanced_accuracy=(
+            (says[good].double().mean() + (~says[~good]).double().mean()).item() / 2
+            if both
+            else None
+        ),
+        auroc=auroc(pair[:, 0] - pair[:, 1], good) if both else None,
+    )
+    return {prefix + k: v for k, v in out.items()}
+
+
 def judgement_loss(
-    logits: torch.Tensor, rows, cols, good, token_ids: tuple[int, int]
+    logits: torch.Tensor, rows, cols, good, token_ids: tuple[int, int], *, balance: bool = True
 ) -> tuple[torch.Tensor, dict]:
     """Cross-entropy of the judgement token after each labelled action (eq. gcd-loss): of the
     logits ``[B, T, V]`` at ``(rows, cols)`` (which predict the token after the action), those of
-    ``token_ids = (good, bad)``, against the label, averaged over the labelled actions. The softmax
-    is over the two judgement tokens only (a *verbalizer*, as an LLM judge is read): over the whole
-    vocabulary, the loss would also raise both tokens against every word, everywhere, and the
-    policy starts writing them into its actions. Also returns ``judge_accuracy`` (the good logit
-    above the bad one exactly when the label is good) and ``judge_good_share``. No label: loss 0
-    (with a graph)."""
+    ``token_ids = (good, bad)``, against the label. The softmax is over the two judgement tokens
+    only (a *verbalizer*, as an LLM judge is read): over the whole vocabulary, the loss would also
+    raise both tokens against every word, everywhere, and the policy starts writing them into its
+    actions. ``balance``: each class's examples weighted so that both classes count equally,
+    ``(mean over good + mean over bad) / 2`` (with one class only: its mean); otherwise the plain
+    mean, which a judge that always says the majority class minimises nearly as well. Metrics:
+    :func:`judge_metrics`. No label: loss 0 (with a graph)."""
     if not rows:
-        return logits.sum() * 0.0, dict(judge_loss=0.0, judge_accuracy=None, judge_good_share=None)
+        empty = judge_metrics(logits.new_zeros(0, 2), torch.zeros(0, dtype=torch.bool))
+        return logits.sum() * 0.0, dict(judge_loss=0.0, **empty)
     device = logits.device
     picked = logits[torch.tensor(rows, device=device), torch.tensor(cols, device=device)].float()
     is_good = torch.tensor(good, device=device)
     pair = picked[:, list(token_ids)]  # [N, 2]: the logits of good and bad
-    loss = torch.nn.functional.cross_entropy(pair, (~is_good).long())  # class 0 good, 1 bad
-    says_good = pair[:, 0] > pair[:, 1]
-    return loss, dict(
-        judge_loss=loss.item(),
-        judge_accuracy=(says_good == is_good).float().mean().item(),
-        judge_good_share=is_good.float().mean().item(),
-    )
+    ce = torch.nn.functional.cross_entropy(pair, (~is_good).long(), reduction="none")
+    if balance and is_good.any() and (~is_good).any():
+        loss = (ce[is_good].mean() + ce[~is_good].mean()) / 2  # each class counts 1/2
+    else:
+        loss = ce.mean()
+    return loss, dict(judge_loss=loss.item(), **judge_metrics(pair.detach(), is_good))
 
 
 # ---------------------------------------------------------------------- the trainer
@@ -376,7 +478,8 @@ class GCDTrainer(AgentTrainer):
 
     @property
     def extra_metrics(self) -> tuple[str, ...]:
-        judge = ("judge_loss", "judge_accuracy", "judge_good_share")
+        judge = ("judge_loss", "judge_accuracy", "judge_good_share", "judge_balanced_accuracy")
+        judge += ("judge_auroc",)
         return super().extra_metrics + (judge if self.config.judge_weight > 0 else ())
 
     # ------------------------------------------------------------------ rollout and loss
@@ -390,6 +493,49 @@ class GCDTrainer(AgentTrainer):
         batch.extras["kinds"] = [list(env.kinds) for env in envs]
         return batch
 
+    # ------------------------------------------------------------------ warm start
+    def sft_batch(self) -> Batch:
+        """The teacher's episodes (:meth:`AgentTrainer.sft_batch`), with each action's label for
+        a judged warm start: ``extras["judge_cols"]`` (per row, the column of each action's last
+        token, as ``turn_end`` in a rollout) and ``extras["judge_good"]`` (the action was good)."""
+        c, env, rows, labels = self.config, self.task, [], []
+        for _ in range(c.sft_batch_size):
+            pairs = env.demonstration(
+                train_seed(self.problem_rng), self.problem_rng, error_rate=c.demo_error_rate
+            )
+            segments = [((obs, False), (f"{act} </action>", True)) for obs, act in pairs]
+            rows.append([segment for pair in segments for segment in pair])
+            labels.append([kind == "good" for kind in env.kinds])
+        batch = build_segments_batch(self.tokenizer, rows, self.device)
+        trained = batch.loss_mask.bool()
+        ends = trained & ~torch.nn.functional.pad(trained[:, 1:], (0, 1))  # last of each run
+        batch.extras["judge_cols"] = [torch.nonzero(e).flatten().tolist() for e in ends]
+        batch.extras["judge_good"] = labels
+        return batch
+
+    def sft_update(self, batch: Batch) -> float:
+        """One SFT step; with ``judge_sft_weight`` > 0, plus that weight times the class-balanced
+        judgement loss on the teacher's labels, read from the same forward pass (eq. gcd-loss).
+        Returns the weighted sum."""
+        c = self.config
+        if c.judge_sft_weight == 0:
+            return super().sft_update(batch)
+        logprobs, logits = sequence_logprobs(
+            self.model, batch.input_ids, batch.attention_mask, with_logits=True
+        )
+        cols = batch.extras["judge_cols"]
+        rows = [i for i, row in enumerate(cols) for _ in row]
+        flat = [col for row in cols for col in row]
+        good = [g for row in batch.extras["judge_good"] for g in row]
+        judge, _ = judgement_loss(logits, rows, flat, good, self.judge_ids, balance=True)
+        loss = aggregate(-logprobs, batch.loss_mask, "token-mean") + c.judge_sft_weight * judge
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
+        self.optimizer.step()
+        return loss.item()
+
+    # ------------------------------------------------------------------ RL loss
     def compute_loss(self, batch, advantages, *, outputs=None):
         """GRPO's loss, plus ``lambda`` times the judgement loss read from the same forward pass
         (eq. gcd-total)."""
@@ -406,8 +552,10 @@ class GCDTrainer(AgentTrainer):
         )
         loss, metrics = super().compute_loss(batch, advantages, outputs=(logprobs, entropy))
         rows, cols, good = judgement_labels(batch, c.judge_labels, advantages)
-        judge, judge_metrics = judgement_loss(logits, rows, cols, good, self.judge_ids)
-        metrics.update(judge_metrics)
+        judge, judged = judgement_loss(
+            logits, rows, cols, good, self.judge_ids, balance=c.judge_balance
+        )
+        metrics.update(judged)
         return loss + c.judge_weight * judge, metrics
 
     def rollout_metrics(self, batch, keep) -> dict:
@@ -427,10 +575,32 @@ class GCDTrainer(AgentTrainer):
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
+    def judge_on(self, batch: Batch) -> dict:
+        """The judge on held-out episodes (:func:`judge_metrics`), read as in training (the
+        logits after each action's last token), against each label rule: ``judge_<rule>_*`` for
+        ``outcome``, ``advantage`` (the signs of GRPO advantages from the batch's own groups)
+        and ``oracle``; and ``judge_*`` against the run's own rule. Every arm is measured: with
+        ``judge_weight`` 0 the judge is untrained (the control)."""
+        ids, mask = batch.input_ids, batch.attention_mask
+        _, logits = sequence_logprobs(self.model, ids, mask, with_logits=True)
+        scale = self.config.scale_rewards
+        advantages = group_advantages(batch.scores, batch.group_id, scale=scale)[:, None]
+        out = {}
+        for rule in ("outcome", "advantage", "oracle"):
+            rows, cols, good = judgement_labels(batch, rule, advantages)
+            pair = logits[rows, cols][:, list(self.judge_ids)].float()
+            good = torch.tensor(good, dtype=torch.bool, device=pair.device)
+            out.update(judge_metrics(pair, good, f"judge_{rule}_"))
+        own = f"judge_{self.config.judge_labels}_"
+        for key in ("balanced_accuracy", "auroc", "base_rate", "good_share"):
+            out[f"judge_{key}"] = out[own + key]
+        return out
+
+    @torch.no_grad()
     def evaluate(self) -> dict:
         """Greedy and sampled success and the flawed-action rate on held-out tasks of each split
-        (``id_``: in-domain pairs; ``ood_``: the held-out pairs), and the coupling measurements on
-        each split's probes."""
+        (``id_``: in-domain pairs; ``ood_``: the held-out pairs), the judge on the sampled
+        episodes (:meth:`judge_on`), and the coupling measurements on each split's probes."""
         c, seeds, out = self.config, self.eval_problems, {}
         with fixed_rng(eval_sampling_seed(c.seed), self.device):
             for split, name in (("train", "id"), ("ood", "ood")):
@@ -440,6 +610,8 @@ class GCDTrainer(AgentTrainer):
                     out[f"{name}_{mode}_success"] = b.extras["success"].float().mean().item()
                     out[f"{name}_{mode}_flawed_rate"] = kinds.count("flawed") / max(len(kinds), 1)
                     out[f"{name}_{mode}_turns"] = b.extras["num_turns"].float().mean().item()
+                # b: the sampled episodes (groups of eval_samples): the judge on them
+                out.update({f"{name}_{k}": v for k, v in self.judge_on(b).items()})
         with torch.enable_grad():
             for split, name in (("train", "id"), ("ood", "ood")):
                 for key, value in measure_coupling(self.model, self.probes[split]).items():
@@ -448,8 +620,9 @@ class GCDTrainer(AgentTrainer):
 
 
 def run_arms(config: GCDConfig, arms: dict[str, dict] = ARMS) -> dict[str, GCDTrainer]:
-    """The lab's arms from one shared SFT start (:func:`agentic_rl.runs.run_arms`)."""
-    return runs.run_arms(GCDTrainer, config, arms)
+    """The lab's arms from shared SFT starts (:func:`agentic_rl.runs.run_arms`): one per value
+    of ``judge_sft_weight``."""
+    return runs.run_arms(GCDTrainer, config, arms, start_fields=("judge_sft_weight",))
 
 
 CONFIG, TRAINER = GCDConfig, GCDTrainer

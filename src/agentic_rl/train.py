@@ -21,6 +21,8 @@ hook                                        when it runs, what it returns
 ``make_task(self)``                         construction: the task or environment (required)
 ``make_eval_set(self)``                     construction: held-out problems or seeds (required)
 ``sft_batch(self) -> Batch``                each SFT step: demonstrations (required)
+``sft_update(self, batch) -> float``        each SFT step: one gradient step, its loss
+                                            (default: :func:`sft_step`)
 ``rollout(self) -> Batch``                  each RL step: the rollout batch (required)
 ``evaluate(self) -> dict``                  before and after RL: held-out numbers (required)
 ``compute_advantages(self, batch)``         each RL step: ``[B, T]`` (default: GRPO's group
@@ -314,9 +316,7 @@ class Trainer:
         )
         self.model.train()
         while self.phase == "sft" and self.step < target:
-            loss = sft_step(
-                self.model, self.optimizer, self.sft_batch(), max_grad_norm=c.max_grad_norm
-            )
+            loss = self.sft_update(self.sft_batch())
             self.step += 1
             self.sft_history.append({"step": self.step, "loss": loss})
             bar.update(1)
@@ -327,6 +327,10 @@ class Trainer:
             self.start_rl()
             self.save_checkpoint()
         return self.sft_history
+
+    def sft_update(self, batch: Batch) -> float:
+        """One SFT gradient step on ``batch`` (teacher forcing, :func:`sft_step`); its loss."""
+        return sft_step(self.model, self.optimizer, batch, max_grad_norm=self.config.max_grad_norm)
 
     # ------------------------------------------------------------------ RL hooks with defaults
     def compute_advantages(self, batch: Batch) -> torch.Tensor:
