@@ -89,15 +89,14 @@ def _as_rows(values, name: str, dtype) -> torch.Tensor:
 def discounted_returns(step_rewards, episode_ids, gamma: float) -> torch.Tensor:
     """Eq. 5: ``R_t = r_t + gamma * R_{t+1}`` backwards within each episode (rows of one episode
     contiguous and in time order); float64, one value per row."""
-    rewards = _as_rows(step_rewards, "step_rewards", torch.float64)
+    rewards = _as_rows(step_rewards, "step_rewards", torch.float64).tolist()
     episodes = _as_rows(episode_ids, "episode_ids", torch.long).tolist()
-    out = torch.zeros_like(rewards)
-    running = 0.0
-    for row in range(len(episodes) - 1, -1, -1):
-        last_of_episode = row == len(episodes) - 1 or episodes[row + 1] != episodes[row]
-        running = rewards[row].item() + (0.0 if last_of_episode else gamma * running)
+    out, running = [0.0] * len(rewards), 0.0
+    for row in range(len(rewards) - 1, -1, -1):
+        last_of_episode = row == len(rewards) - 1 or episodes[row + 1] != episodes[row]
+        running = rewards[row] + (0.0 if last_of_episode else gamma * running)
         out[row] = running
-    return out
+    return torch.tensor(out, dtype=torch.float64)
 
 
 def anchor_groups(
@@ -115,9 +114,11 @@ def anchor_groups(
     for row, (group, anchor) in enumerate(zip(groups, anchor_states)):
         if anchor is None:  # verl-agent's to_hashable raises too: every step needs an anchor
             raise ValueError(f"anchor_states[{row}] is None: every step needs an anchor state")
-        if not isinstance(anchor, Hashable):
-            raise TypeError(f"anchor_states[{row}] is not hashable ({type(anchor).__name__})")
-        step_group.append(index.setdefault((group, anchor), len(index)))
+        try:
+            step_group.append(index.setdefault((group, anchor), len(index)))
+        except TypeError:  # a list or an array: make it a tuple (verl-agent's to_hashable does)
+            why = f"anchor_states[{row}] is not hashable ({type(anchor).__name__})"
+            raise TypeError(why) from None
     step_group = torch.tensor(step_group, dtype=torch.long)
     sizes = torch.bincount(step_group, minlength=len(index))
     return step_group, sizes[step_group]
@@ -220,10 +221,14 @@ def anchor_metrics(
     step_level: torch.Tensor, episode_level: torch.Tensor, sizes: torch.Tensor
 ) -> dict[str, float]:
     """What a reader needs to see whether anchors did anything (GiGPO v3 §5.5):
-    ``recurring_share``, the share of steps in step groups of size > 1; ``singleton_group_share``, the share of step
-    groups of size 1 (the paper's Fig. 5 measure); ``mean_step_group_size`` over groups;
-    ``step_episode_corr``, the Pearson correlation of A^S and A^E over the rows (NaN when either is
-    constant: then A^S is all 0, GiGPO is GRPO on those rows)."""
+
+    - ``recurring_share``: the share of steps in step groups of size > 1;
+    - ``singleton_group_share``: the share of step groups of size 1 (the paper's Fig. 5);
+    - ``mean_step_group_size``: over groups;
+    - ``step_episode_corr``: the Pearson correlation of A^S and A^E over the rows; NaN when either
+      is constant over the batch (when no state recurs, A^S is all 0 and GiGPO is the
+      episode-level advantage alone).
+    """
     sizes = torch.as_tensor(sizes, dtype=torch.float64)
     hist = step_group_size_histogram(sizes)
     a, b = step_level.to(torch.float64), episode_level.to(torch.float64)
