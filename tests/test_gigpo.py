@@ -180,6 +180,9 @@ def test_anchor_metrics_on_the_hand_case():
         (dict(gamma=0.0), "gamma"),
         (dict(gamma=1.01), "gamma"),
         (dict(num_generations=1), "num_generations"),
+        (dict(beta=0.1, kl_in_reward=True), "kl_in_reward"),
+        (dict(scale_rewards="none"), "scale_rewards"),
+        (dict(env="household"), "max_action_tokens"),
     ],
 )
 def test_bad_config_values_are_refused_naming_the_field(overrides, field):

@@ -319,6 +319,10 @@ class GiGPOConfig(AgentFields, FrozenLakeFields):
             self._bad("gamma", "must be in (0, 1]")
         if not (self.step_advantage_weight >= 0 and math.isfinite(self.step_advantage_weight)):
             self._bad("step_advantage_weight", "must be >= 0 and finite")
+        if self.kl_in_reward:
+            self._bad("kl_in_reward", "GiGPO keeps the KL in the loss (verl-agent's use_kl_loss)")
+        if self.scale_rewards != "group":
+            self._bad("scale_rewards", "GiGPO's scaling is scale_by_std (both levels); leave this")
         if not 5 <= self.room_size <= 10:
             self._bad("room_size", "must be between 5 and 10")
         if self.env == "household":
@@ -395,7 +399,7 @@ class GiGPOTrainer(AgentTrainer):
         turns = batch.extras["num_turns"].tolist()
         per_turn = torch.zeros(len(batch), max(max(turns), 1), dtype=torch.float64)
         rows_of = torch.tensor(rows["episode_ids"], dtype=torch.long)
-        turn_of = torch.cat([torch.arange(n) for n in turns])
+        turn_of = torch.tensor([k for n in turns for k in range(n)], dtype=torch.long)
         per_turn[rows_of, turn_of] = combined
         turn_ids = batch.turn_ids.cpu()
         token_adv = per_turn.gather(1, turn_ids.clamp(min=0)) * (turn_ids >= 0)
