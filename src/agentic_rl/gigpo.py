@@ -15,7 +15,7 @@ by their discounted returns from that step on. Equations (GiGPO v3):
 
 :func:`gigpo_advantages` computes all three over *step rows* (one row per step, episodes in order,
 steps in time order), the same layout as verl-agent's batch. The conventions are the reference
-code's (``gigpo/core_gigpo.py`` of langfengQ/verl-agent, read at 29e3e8b; sourced in
+code's (``gigpo/core_gigpo.py`` of langfengQ/verl-agent as last changed by 29e3e8b; see
 ``shared/reference/gigpo_early_experience.md``, A2-A5 and A9), where the paper is silent or differs:
 
 ===========================  ================================  =================================
@@ -36,6 +36,9 @@ anchor identity              "the same state"                  exact equality of
 step group of one member     A^S = 0 "if no state repeats"     A^S = 0 (mean = itself, std 1)
 gamma                        in (0, 1]                         every GiGPO script: 0.95
 omega                        1, untuned                        ``step_advantage_w`` = 1.0
+invalid-action penalty       -                                 code: -0.1 on that step's row
+                                                               at both levels; here the
+                                                               environment's reward only
 precision                    -                                 code: float32 (an all-equal step
                                                                group can get +-0.06, A9.8);
                                                                here float64 and an exact 0
