@@ -31,6 +31,7 @@ FUNCTIONS = {
     "starpo": ["reward_std_filter", "distinct_per_group", "expected_bandit_gradient"],
     "rcgrpo": ["draw_conditions", "zero_std_fraction", "expected_group_variance"],
     "gcd": ["risky_advantage_weight", "judgement_labels", "gradient_cosine"],
+    "gigpo": ["discounted_returns", "anchor_groups", "gigpo_advantages"],
 }
 
 #: a planted bug per chapter (a line of the solution replaced), and what the grader must say
@@ -62,6 +63,10 @@ BUGS = {
              "gcd-lemma-group gives -0.0875. It is the expected-reward baseline's q r (q - 1): "
              "GRPO's group mean includes the episode itself, which takes 1/G of its own reward out "
              "of its advantage and leaves (G - 1) / G = 7/8 of the value")),
+    "gigpo": ("key = (group, anchor)", "key = anchor",
+              "`anchor_groups` is wrong for two episode groups that both reach state 'S': step "
+              "groups never cross episode groups (each episode group has its own initial state "
+              "and its own step groups)"),
 }
 
 

@@ -31,6 +31,7 @@ from agentic_rl.cli import RECIPES, main, recipe
 from agentic_rl.agent import PPOConfig
 from agentic_rl.config import TINY_MAX_POSITIONS, ConfigError, RunError
 from agentic_rl.gcd import GCDConfig
+from agentic_rl.gigpo import GiGPOConfig
 from agentic_rl.grpo import GRPOConfig, GRPOTrainer
 from agentic_rl.rcgrpo import RCGRPOConfig
 from agentic_rl.retool import ReToolConfig
@@ -125,6 +126,16 @@ TINY_RCGRPO = [
     "4",
 ]
 
+TINY_GIGPO = [
+    *TINY_MODEL,
+    *TINY_AGENT_RUN,
+    "--map-size",
+    "3",
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
+    "4",
+]
 TINY_GCD = [
     *TINY_MODEL,
     *TINY_AGENT_RUN,
@@ -309,6 +320,14 @@ CASES = [
     (GCDConfig, dict(good_token="very good"), "good_token"),
     (GCDConfig, dict(bad_token="<|good|>"), "bad_token"),
     (GCDConfig, dict(num_generations=1), "num_generations"),
+    (GiGPOConfig, dict(num_generations=1), "num_generations"),
+    (GiGPOConfig, dict(step_advantage_weight=-0.5), "step_advantage_weight"),
+    (GiGPOConfig, dict(gamma=0.0), "gamma"),
+    (GiGPOConfig, dict(gamma=1.5), "gamma"),
+    (GiGPOConfig, dict(env="bandit"), "env"),
+    (GiGPOConfig, dict(env="household", max_turns=7), "max_turns"),
+    (GiGPOConfig, dict(env="household", max_action_tokens=4), "max_action_tokens"),
+    (GiGPOConfig, dict(room_size=4), "room_size"),
     # Upper bounds (reliability report, failures 5, 7, 8, 10): each of these passed validation and
     # then hung, ran out of memory, ended in a traceback after compute or skipped every update.
     (PPOConfig, dict(p_frozen=1e-300), "p_frozen"),  # the map generator never finds a path
@@ -326,14 +345,17 @@ CASES = [
     (ReToolConfig, dict(tool_memory_mb=40), "tool_memory_mb"),  # the pool's minimum: 64 MiB
     (ReToolConfig, dict(tool_workers=5000), "tool_workers"),
     *[(cls, {field: 1e38}, field) for field in ("learning_rate", "sft_learning_rate")
-      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)],
+      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig,
+                  GiGPOConfig)],
     (PPOConfig, dict(critic_learning_rate=1e38), "critic_learning_rate"),
     *[(cls, dict(temperature=1e-300), "temperature")
-      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)],
+      for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig,
+                  GiGPOConfig)],
     (GRPOConfig, dict(beta=1e300), "beta"),
     (StarPOConfig, dict(entropy_coeff=1e300), "entropy_coeff"),
     (PPOConfig, dict(vf_coef=1e300), "vf_coef"),
     (GCDConfig, dict(judge_weight=1e300), "judge_weight"),
+    (GiGPOConfig, dict(step_advantage_weight=1e300), "step_advantage_weight"),
     (GRPOConfig, dict(format_weight=1e300), "format_weight"),
     (StarPOConfig, dict(format_penalty=1e300), "format_penalty"),
     (GRPOConfig, dict(temperature=1e300), "temperature"),
@@ -441,7 +463,8 @@ def test_assignment_after_construction_is_validated_and_undone(cls, overrides, f
 
 
 def test_valid_configs_and_profiles_still_pass():
-    for cls in (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig):
+    configs = (GRPOConfig, PPOConfig, ReToolConfig, StarPOConfig, RCGRPOConfig, GCDConfig)
+    for cls in (*configs, GiGPOConfig):
         for profile in cls.PROFILES:
             c = cls.from_profile(profile, seed=3)
             c.check_environment()  # the profiles are never refused (memory estimate included)
@@ -621,6 +644,7 @@ def test_top_level_help_lists_recipes_with_one_line_each(capsys):
         ("starpo", StarPOConfig),
         ("rcgrpo", RCGRPOConfig),
         ("gcd", GCDConfig),
+        ("gigpo", GiGPOConfig),
     ):
         first = cls.__doc__.strip().splitlines()[0]
         assert any(ln.split() == [name, *first.split()] for ln in out.splitlines()), out
@@ -929,6 +953,7 @@ TINY_RUNS = {
     "starpo": [*TINY_STARPO, "--preset", "starpo-s", "--filter-value", "0.5"],
     "rcgrpo": TINY_RCGRPO,
     "gcd": TINY_GCD,
+    "gigpo": TINY_GIGPO,
 }
 
 

@@ -76,6 +76,8 @@ def test_mixin_fields_only_where_the_recipe_uses_them():
     assert not names["retool"] & lake  # ReTool may run PPO with a critic, never on a lake
     for name in ("ppo", "starpo"):
         assert lake | critic <= names[name], name
+    assert lake <= names["gigpo"]  # GiGPO runs on lakes, without a critic: its own gamma
+    assert not names["gigpo"] & (critic - {"gamma"})
     for name in RECIPES:
         if name != "grpo":
             assert issubclass(recipe(name).CONFIG, AgentFields), name

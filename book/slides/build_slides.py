@@ -37,7 +37,7 @@ from agentic_rl.utils import stored_outputs
 
 BOOK = pathlib.Path(__file__).resolve().parents[1]
 ROOT = BOOK.parent
-CHAPTERS = ("foundations", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd")
+CHAPTERS = ("foundations", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd", "gigpo")
 MAX_BULLETS = 7  # per slide; a longer section continues on the next slide
 SKIP_SECTIONS = ("References",)
 

@@ -62,6 +62,7 @@ LIMITS: dict[str, tuple[float | None, float, str]] = {
     "vf_coef": (None, 1e3, _COEF),
     "judge_weight": (None, 1e3, _COEF),
     "judge_sft_weight": (None, 1e3, _COEF),
+    "step_advantage_weight": (None, 1e3, _COEF),
     "format_weight": (None, 1e3, _COEF),
     "format_penalty": (None, 1e3, _COEF),
     "max_grad_norm": (None, 3.4e38, "gradient norms are float32"),

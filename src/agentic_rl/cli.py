@@ -32,6 +32,7 @@ __all__ = ["RECIPES", "recipe", "main", "add_dataclass_arguments", "config_from_
 #: ``TRAINER`` (its trainer class).
 RECIPES = {
     "gcd": "agentic_rl.gcd",
+    "gigpo": "agentic_rl.gigpo",
     "grpo": "agentic_rl.grpo",
     "ppo": "agentic_rl.agent",
     "rcgrpo": "agentic_rl.rcgrpo",
