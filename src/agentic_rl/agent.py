@@ -207,9 +207,10 @@ class AgentTrainer(Trainer):
     # ------------------------------------------------------------------ SFT on demonstrations
     def sft_batch(self) -> Batch:
         """Whole expert episodes (some actions replaced at random: ``demo_error_rate``),
-        actions trainable."""
+        actions trainable; ``extras["demo_kinds"]``: each action's kind where the environment
+        labels them (``env.kinds``: good, flawed, ...), else empty lists."""
         c, env = self.config, self.task
-        rows = []
+        rows, kinds = [], []
         for _ in range(c.sft_batch_size):
             seed = train_seed(self.problem_rng)
             episode = env.demonstration(seed, self.problem_rng, error_rate=c.demo_error_rate)
@@ -217,7 +218,10 @@ class AgentTrainer(Trainer):
             for obs, action in episode:
                 segments += [(obs, False), (f"{action} </action>", True)]
             rows.append(segments)
-        return build_segments_batch(self.tokenizer, rows, self.device)
+            kinds.append(list(getattr(env, "kinds", [])))
+        batch = build_segments_batch(self.tokenizer, rows, self.device)
+        batch.extras["demo_kinds"] = kinds
+        return batch
 
     # ------------------------------------------------------------------ rollout
     def play(

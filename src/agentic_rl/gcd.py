@@ -46,9 +46,10 @@ from .agent import AgentTrainer
 from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, _f, defaults
 from .envs import HouseholdEnv
 from .envs.household import RECEPTACLES, counterfactual_goal
-from .rollout import Batch, build_segments_batch, sequence_logprobs
 from .losses import aggregate
-from .utils import eval_sampling_seed, fixed_rng, probe_seeds, train_seed
+from .rollout import Batch, build_segments_batch, sequence_logprobs
+from .train import sft_step
+from .utils import eval_sampling_seed, fixed_rng, probe_seeds
 
 __all__ = [
     "ARMS",
@@ -498,19 +499,12 @@ class GCDTrainer(AgentTrainer):
         """The teacher's episodes (:meth:`AgentTrainer.sft_batch`), with each action's label for
         a judged warm start: ``extras["judge_cols"]`` (per row, the column of each action's last
         token, as ``turn_end`` in a rollout) and ``extras["judge_good"]`` (the action was good)."""
-        c, env, rows, labels = self.config, self.task, [], []
-        for _ in range(c.sft_batch_size):
-            pairs = env.demonstration(
-                train_seed(self.problem_rng), self.problem_rng, error_rate=c.demo_error_rate
-            )
-            segments = [((obs, False), (f"{act} </action>", True)) for obs, act in pairs]
-            rows.append([segment for pair in segments for segment in pair])
-            labels.append([kind == "good" for kind in env.kinds])
-        batch = build_segments_batch(self.tokenizer, rows, self.device)
+        batch = super().sft_batch()
         trained = batch.loss_mask.bool()
         ends = trained & ~torch.nn.functional.pad(trained[:, 1:], (0, 1))  # last of each run
         batch.extras["judge_cols"] = [torch.nonzero(e).flatten().tolist() for e in ends]
-        batch.extras["judge_good"] = labels
+        kinds = batch.extras["demo_kinds"]
+        batch.extras["judge_good"] = [[kind == "good" for kind in row] for row in kinds]
         return batch
 
     def sft_update(self, batch: Batch) -> float:
@@ -529,11 +523,7 @@ class GCDTrainer(AgentTrainer):
         good = [g for row in batch.extras["judge_good"] for g in row]
         judge, _ = judgement_loss(logits, rows, flat, good, self.judge_ids, balance=True)
         loss = aggregate(-logprobs, batch.loss_mask, "token-mean") + c.judge_sft_weight * judge
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.max_grad_norm)
-        self.optimizer.step()
-        return loss.item()
+        return sft_step(self.model, self.optimizer, batch, max_grad_norm=c.max_grad_norm, loss=loss)
 
     # ------------------------------------------------------------------ RL loss
     def compute_loss(self, batch, advantages, *, outputs=None):

@@ -108,10 +108,14 @@ from .utils import mixed_precision, seed_everything
 __all__ = ["Trainer", "sft_step"]
 
 
-def sft_step(model, optimizer, batch: Batch, *, max_grad_norm: float = 1.0) -> float:
-    """One teacher-forcing step: cross-entropy on the completion tokens only (``loss_mask``)."""
-    logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
-    loss = aggregate(-logprobs, batch.loss_mask, "token-mean")
+def sft_step(
+    model, optimizer, batch: Batch, *, max_grad_norm: float = 1.0, loss: torch.Tensor | None = None
+) -> float:
+    """One teacher-forcing step: cross-entropy on the completion tokens only (``loss_mask``), or
+    ``loss`` when a recipe has computed its own SFT loss on ``batch`` (with extra terms)."""
+    if loss is None:
+        logprobs = sequence_logprobs(model, batch.input_ids, batch.attention_mask)
+        loss = aggregate(-logprobs, batch.loss_mask, "token-mean")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
