@@ -48,7 +48,7 @@ def test_unknown_recipe_exits_2():
 
 def test_no_recipe_prints_usage(capsys):
     assert main([]) == 2
-    assert "usage: python -m agentic_rl {gcd, gigpo, grpo, ppo, rcgrpo, retool, starpo}" in capsys.readouterr().out
+    assert "usage: python -m agentic_rl {early-experience, gcd, gigpo, grpo, ppo, rcgrpo, retool, starpo}" in capsys.readouterr().out
     assert main(["--help"]) == 0
 
 

@@ -31,6 +31,7 @@ from agentic_rl.cli import RECIPES, main, recipe
 from agentic_rl.agent import PPOConfig
 from agentic_rl.config import TINY_MAX_POSITIONS, ConfigError, RunError
 from agentic_rl.gcd import GCDConfig
+from agentic_rl.early_experience import EarlyExperienceConfig
 from agentic_rl.gigpo import GiGPOConfig
 from agentic_rl.grpo import GRPOConfig, GRPOTrainer
 from agentic_rl.rcgrpo import RCGRPOConfig
@@ -148,6 +149,27 @@ TINY_GCD = [
     "--coupling-every",
     "2",
     "--num-probes",
+    "2",
+]
+
+TINY_EARLY_EXPERIENCE = [
+    *TINY_MODEL,
+    *TINY_AGENT_RUN,
+    "--prompts-per-step",
+    "2",
+    "--num-generations",
+    "4",
+    "--start",
+    "world_model",
+    "--initial-steps",
+    "1",
+    "--world-model-steps",
+    "1",
+    "--num-demos",
+    "2",
+    "--num-alternatives",
+    "1",
+    "--proposals",
     "2",
 ]
 
@@ -645,6 +667,7 @@ def test_top_level_help_lists_recipes_with_one_line_each(capsys):
         ("rcgrpo", RCGRPOConfig),
         ("gcd", GCDConfig),
         ("gigpo", GiGPOConfig),
+        ("early-experience", EarlyExperienceConfig),
     ):
         first = cls.__doc__.strip().splitlines()[0]
         assert any(ln.split() == [name, *first.split()] for ln in out.splitlines()), out
@@ -954,6 +977,7 @@ TINY_RUNS = {
     "rcgrpo": TINY_RCGRPO,
     "gcd": TINY_GCD,
     "gigpo": TINY_GIGPO,
+    "early-experience": TINY_EARLY_EXPERIENCE,
 }
 
 

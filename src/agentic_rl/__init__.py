@@ -14,6 +14,8 @@ ReTool                      ``retool`` (+ ``sandbox``, ``envs.MultiplyEnv``)
 RAGEN's StarPO              ``starpo`` (+ ``filters``)
 RC-GRPO                     ``rcgrpo`` (+ ``envs.FileSystemEnv``)
 GCD                         ``gcd`` (+ ``coupling``, ``envs.HouseholdEnv``)
+GiGPO                       ``gigpo``
+Early Experience            ``early_experience``
 ==========================  ========================================================
 
 Around them: ``config`` (shared fields), ``runs`` (preflight, a run, a lab's arms),

@@ -84,6 +84,13 @@ LIMITS: dict[str, tuple[float | None, float, str]] = {
         "more rounds would hang the run",
     ),
     "tool_workers": (None, 1024, "each worker is a process (about 16 MiB)"),
+    "num_alternatives": (None, 1024, "alternatives per expert state (the paper ablates 1 to 8)"),
+    "proposals": (None, 1024, "actions sampled per expert state, all played at once"),
+    "num_demos": (
+        None,
+        10**6,
+        "expert episodes, built and held in memory at once (ALFWorld has 3,553 training games)",
+    ),
 }
 
 #: Fields counted in tokens or turns: each one at most :data:`CONTEXT_BUDGET`.
@@ -171,7 +178,9 @@ def memory_needs(config) -> list[tuple[int, tuple[str, ...], str]]:
       batches at the shortest sequence a rollout can have;
     - evaluation, any model: ``eval_size * eval_samples`` sequences of at least that length, 8
       bytes a token (the ids; the agents play them all at once), and the tiny model's KV cache;
-    - GCD's probes: per-sample gradients, two of the model's size per probe pair (tiny model).
+    - GCD's probes: per-sample gradients, two of the model's size per probe pair (tiny model);
+    - Early Experience's alternatives: ``proposals`` one-turn episodes per expert state, played
+      at once.
     """
     tiny = config.model_name_or_path is None
     tokens = max(config.min_sequence_tokens(), 1)
@@ -187,6 +196,9 @@ def memory_needs(config) -> list[tuple[int, tuple[str, ...], str]]:
     per_token = 8 + (8 * layers * h if tiny else 0)
     sequences = config.eval_size * config.eval_samples
     needs.append((sequences * tokens * per_token, ("eval_size", "eval_samples"), "evaluation"))
+    if hasattr(config, "proposals"):  # early experience: every proposal of every state at once
+        rows = config.num_demos * 6 * config.proposals  # (an expert episode has <= 6 steps)
+        needs.append((rows * tokens * per_token, ("num_demos", "proposals"), "the alternatives"))
     if hasattr(config, "num_probes"):
         per_probe = 8 * tiny_parameters(config) if tiny else 8 * tokens
         needs.append((config.num_probes * per_probe, ("num_probes",), "the coupling probes"))

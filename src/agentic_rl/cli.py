@@ -31,6 +31,7 @@ __all__ = ["RECIPES", "recipe", "main", "add_dataclass_arguments", "config_from_
 #: The recipes: name -> the chapter module exporting ``CONFIG`` (its config class) and
 #: ``TRAINER`` (its trainer class).
 RECIPES = {
+    "early-experience": "agentic_rl.early_experience",
     "gcd": "agentic_rl.gcd",
     "gigpo": "agentic_rl.gigpo",
     "grpo": "agentic_rl.grpo",
@@ -167,9 +168,10 @@ def config_from_args(cls, argv: list[str] | None, prog: str):
 
 def _usage() -> str:
     lines = [USAGE % ", ".join(sorted(RECIPES)), "", "recipes:"]
+    width = max(map(len, RECIPES)) + 2
     for name in sorted(RECIPES):
         doc = recipe(name).CONFIG.__doc__ or ""
-        lines.append(f"  {name:<8}{doc.strip().splitlines()[0]}")
+        lines.append(f"  {name:<{width}}{doc.strip().splitlines()[0]}")
     lines += ["", "python -m agentic_rl <recipe> --help lists the recipe's flags."]
     return "\n".join(lines)
 

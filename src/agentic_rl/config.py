@@ -2,7 +2,7 @@
 
 Each recipe's own config lives in its chapter's module, beside its trainer (``grpo.GRPOConfig``,
 ``agent.PPOConfig``, ``retool.ReToolConfig``, ``starpo.StarPOConfig``, ``rcgrpo.RCGRPOConfig``,
-``gcd.GCDConfig``). It subclasses :class:`RLConfig` and the mixins of the fields it uses, so that
+``gcd.GCDConfig``, ...). It subclasses :class:`RLConfig` and the mixins of the fields it uses, so that
 no recipe shows a flag it cannot use:
 
 ====================  ============================================================================
@@ -10,6 +10,7 @@ no recipe shows a flag it cannot use:
 :class:`AgentFields`  a multi-turn environment: ``env``, ``max_turns``, ``max_action_tokens``, ...
 :class:`CriticFields` PPO's critic and GAE: ``advantage_estimator``, ``gamma``, ``lam``, ...
 :class:`FrozenLakeFields`  the random lakes: ``map_size``, ``is_slippery``, ``p_frozen``
+:class:`HouseholdFields`  the household's goals and turns: ``clean_fraction``, ``slack``
 ====================  ============================================================================
 
 Names follow TRL's ``GRPOConfig`` where the concept is the same (``num_generations``, ``beta``,
@@ -43,6 +44,7 @@ __all__ = [
     "AgentFields",
     "CriticFields",
     "FrozenLakeFields",
+    "HouseholdFields",
     "FULL_MODEL",
     "defaults",
     "RunError",
@@ -610,6 +612,26 @@ class FrozenLakeFields(RLConfig):
             self._bad("map_size", "must be <= 32 (an observation holds map_size**2 tiles)")
         if not 0.0 < self.p_frozen <= 1.0:
             self._bad("p_frozen", "must be in (0, 1]")
+
+
+@dataclass
+class HouseholdFields(RLConfig):
+    """The ALFWorld-style household (``envs.HouseholdEnv``): its goals and its budget of turns.
+    With :class:`AgentFields` (its checks read ``max_turns`` and ``max_action_tokens``)."""
+
+    clean_fraction: float = _f(0.5, "Share of 'put clean O in T' goals (6 actions; 'put': 4).")
+    slack: int = _f(2, "Turns of each task's budget beyond the optimal plan.")
+
+    def validate(self) -> None:
+        super().validate()
+        if not 0.0 <= self.clean_fraction <= 1.0:
+            self._bad("clean_fraction", "must be in [0, 1]")
+        if self.slack < 0:
+            self._bad("slack", "must be >= 0")
+        if self.max_turns < 6 + self.slack:
+            self._bad("max_turns", "must be >= 6 + slack (a 'put clean' task's plan is 6 actions)")
+        if self.max_action_tokens < 5:
+            self._bad("max_action_tokens", "must be >= 5 (four words and the stop word)")
 
 
 #: What the group-relative agent recipes (RC-GRPO, GCD) change in :class:`AgentFields`' defaults:

@@ -43,7 +43,14 @@ import torch
 from . import coupling, runs
 from .advantages import group_advantages
 from .agent import AgentTrainer
-from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, _f, defaults
+from .config import (
+    GROUP_AGENT_DEFAULTS,
+    GROUP_AGENT_FULL,
+    AgentFields,
+    HouseholdFields,
+    _f,
+    defaults,
+)
 from .envs import HouseholdEnv
 from .envs.household import RECEPTACLES, counterfactual_goal
 from .losses import aggregate
@@ -79,7 +86,7 @@ def _household_words() -> tuple[str, ...]:
 
 @dataclass
 @defaults(**GROUP_AGENT_DEFAULTS)
-class GCDConfig(AgentFields):
+class GCDConfig(AgentFields, HouseholdFields):
     """GRPO with GCD: the actor also learns to judge its own actions good or bad."""
 
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("household",)
@@ -104,8 +111,6 @@ class GCDConfig(AgentFields):
         "flawed actions that RL has to unlearn.",
     )
     # --- the environment
-    clean_fraction: float = _f(0.5, "Share of 'put clean O in T' goals (6 actions; 'put': 4).")
-    slack: int = _f(2, "Turns of each task's budget beyond the optimal plan.")
     hint: bool = _f(
         False,
         "Prompt-based correction: the first observation ends with 'hint : avoid ...', naming the "
@@ -145,14 +150,6 @@ class GCDConfig(AgentFields):
 
     def validate(self) -> None:
         super().validate()
-        if not 0.0 <= self.clean_fraction <= 1.0:
-            self._bad("clean_fraction", "must be in [0, 1]")
-        if self.slack < 0:
-            self._bad("slack", "must be >= 0")
-        if self.max_turns < 6 + self.slack:
-            self._bad("max_turns", "must be >= 6 + slack (a 'put clean' task's plan is 6 actions)")
-        if self.max_action_tokens < 5:
-            self._bad("max_action_tokens", "must be >= 5 (four words and the stop word)")
         for name in ("judge_weight", "judge_sft_weight"):
             if not (getattr(self, name) >= 0 and math.isfinite(getattr(self, name))):
                 self._bad(name, "must be >= 0 and finite")
