@@ -32,6 +32,7 @@ FUNCTIONS = {
     "rcgrpo": ["draw_conditions", "zero_std_fraction", "expected_group_variance"],
     "gcd": ["risky_advantage_weight", "judgement_labels", "gradient_cosine"],
     "gigpo": ["discounted_returns", "anchor_groups", "gigpo_advantages"],
+    "early_experience": ["keep_alternatives", "world_model_row", "reflection_row"],
 }
 
 #: a planted bug per chapter (a line of the solution replaced), and what the grader must say
@@ -67,6 +68,12 @@ BUGS = {
               "`anchor_groups` is wrong for two episode groups that both reach state 'S': step "
               "groups never cross episode groups (each episode group has its own initial state "
               "and its own step groups)"),
+    "early_experience": (
+        "if action in seen or next_state == expert_next_state:", "if action in seen:",
+        "`keep_alternatives` is wrong for a proposal with another action but the expert's next "
+        "state, expert action 'go to shelf': it kept actions ['go to shelf 1', 'go to fridge'], "
+        "expected ['go to fridge', 'put potato in fridge']. It kept a proposal whose next state is "
+        "the expert's: such a proposal teaches nothing the expert's own transition does not"),
 }
 
 
