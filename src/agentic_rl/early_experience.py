@@ -31,11 +31,11 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
 import random
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from .agent import AgentTrainer
@@ -517,13 +517,24 @@ def run_starts(
     base.sft(steps=config.initial_steps)
     if any(arm.start != "imitation" for arm in configs.values()):
         base.alternatives = base.collect_experience()
+    streams = _random_states()  # each arm samples from here, as its own CLI run would
     out = {}
     for name, arm in configs.items():
         trainer = copy.deepcopy(base)
         trainer.config = arm
+        _random_states(streams)
         trainer.train()
         out[name] = trainer
     return out
+
+
+def _random_states(states: tuple | None = None) -> tuple:
+    """The global random streams (python, numpy, torch), or set them to ``states``."""
+    if states is not None:
+        random.setstate(states[0])
+        np.random.set_state(states[1])
+        torch.random.set_rng_state(states[2])
+    return random.getstate(), np.random.get_state(), torch.random.get_rng_state()
 
 
 CONFIG, TRAINER = EarlyExperienceConfig, EarlyExperienceTrainer
