@@ -53,7 +53,8 @@ def test_decks_load_nothing_from_the_network(decks, chapter):
 
 def test_experiment_slides_show_the_lab_figures(decks):
     out, _ = decks
-    for chapter in ("grpo", "gae", "retool", "starpo", "rcgrpo", "gcd", "gigpo"):
+    for chapter in ("grpo", "gae", "retool", "starpo", "rcgrpo", "gcd", "gigpo",
+                    "early_experience"):
         assert 'src="data:image/png;base64,' in (out / f"{chapter}.html").read_text()
 
 
@@ -63,7 +64,7 @@ def test_equations_are_numbered_as_in_the_chapter(decks):
     assert f'<span class="eqno">({number}.1)</span>' in page and "\\hat A_i" in page
 
 
-@pytest.mark.parametrize("chapter", ["starpo", "rcgrpo", "gcd", "gigpo"])
+@pytest.mark.parametrize("chapter", ["starpo", "rcgrpo", "gcd", "gigpo", "early_experience"])
 def test_math_directive_equations_are_numbered(decks, chapter):
     """Chapters that write ```{math} with :label: (not $$ ... $$ (label)) get their equations."""
     source = (ROOT / "book" / f"{chapter}.md").read_text()

@@ -37,7 +37,8 @@ from agentic_rl.utils import stored_outputs
 
 BOOK = pathlib.Path(__file__).resolve().parents[1]
 ROOT = BOOK.parent
-CHAPTERS = ("foundations", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd", "gigpo")
+CHAPTERS = ("foundations", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd", "gigpo",
+            "early_experience")
 MAX_BULLETS = 7  # per slide; a longer section continues on the next slide
 SKIP_SECTIONS = ("References",)
 

@@ -2,8 +2,8 @@
 
 Each recipe's own config lives in its chapter's module, beside its trainer (``grpo.GRPOConfig``,
 ``agent.PPOConfig``, ``retool.ReToolConfig``, ``starpo.StarPOConfig``, ``rcgrpo.RCGRPOConfig``,
-``gcd.GCDConfig``, ...). It subclasses :class:`RLConfig` and the mixins of the fields it uses, so that
-no recipe shows a flag it cannot use:
+``gcd.GCDConfig``, ...). It subclasses :class:`RLConfig` and the mixins of the fields it uses, so
+that no recipe shows a flag it cannot use:
 
 ====================  ============================================================================
 :class:`RLConfig`     the run, the model, the SFT warm start, policy optimisation, evaluation
