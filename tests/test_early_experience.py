@@ -18,6 +18,7 @@ from agentic_rl.early_experience import (
     ExperienceHousehold,
     Transition,
     _replay,
+    check_replayable,
     collect_alternatives,
     expert_transitions,
     imitation_rows,
@@ -124,6 +125,17 @@ def test_an_environment_that_cannot_return_to_an_expert_state_is_refused():
     with pytest.raises(RunError, match="cannot be reset to an expert state"):
         for _ in range(20):  # (the same task by chance, at most a few times)
             _replay(env, 3, [episode[0].action], own_observation(episode[1].state))
+    with pytest.raises(RunError, match="cannot be reset to an expert state"):
+        for _ in range(20):
+            check_replayable(env, 3)  # the trainer's check, before any compute
+    check_replayable(ExperienceHousehold(), 3)  # the household is replayable
+
+    class Shared(ExperienceHousehold):
+        def __deepcopy__(self, memo):
+            return self
+
+    with pytest.raises(RunError, match="cannot be copied"):
+        check_replayable(Shared(), 3)
     with pytest.raises(RunError, match="num_alternatives must be >= 1"):
         collect_alternatives(None, [3], [episode], k=0, proposals=2, seed=0)
 

@@ -58,6 +58,7 @@ __all__ = [
     "Transition",
     "ExperienceHousehold",
     "expert_transitions",
+    "check_replayable",
     "collect_alternatives",
     "next_state_text",
     "own_observation",
@@ -136,6 +137,18 @@ def _replay(env, seed: int, actions: list[str], expected: str | None = None) -> 
             "reset and step)"
         )
     return obs
+
+
+def check_replayable(env, seed: int) -> None:
+    """Refuse, before any compute, an environment that cannot be put back in an expert state: a
+    fresh copy must reach every state of the expert's episode of ``seed`` by replaying its
+    actions, and must be a separate object (two copies must not share their state)."""
+    (episode,) = expert_transitions(env, [seed])
+    twin = copy.deepcopy(env)
+    if twin is env:
+        raise RunError(f"env {env.name!r} cannot be copied (deepcopy returned the same object)")
+    for i, step in enumerate(episode):
+        _replay(twin, seed, [s.action for s in episode[:i]], own_observation(step.state))
 
 
 def expert_transitions(env, seeds: list[int]) -> list[list[Transition]]:
@@ -376,6 +389,7 @@ class EarlyExperienceTrainer(AgentTrainer):
         #: per expert episode and step, the kept alternatives (None until collected)
         self.alternatives: list[list[list[Transition]]] | None = None
         super().__init__(config, **kwargs)
+        check_replayable(self.make_task(), self.demo_seeds[0])  # before any compute
 
     def make_task(self, split: str = "train"):
         c = self.config
