@@ -17,9 +17,10 @@ from agentic_rl.early_experience import (
     EarlyExperienceTrainer,
     ExperienceHousehold,
     Transition,
-    _replay,
+    replay_to_state,
     check_replayable,
     collect_alternatives,
+    demo_seeds,
     expert_transitions,
     imitation_rows,
     next_state_text,
@@ -100,7 +101,8 @@ def test_alternatives_are_really_executed_and_differ_from_the_expert(trainer):
                 assert alt.state == step.state and alt.action != step.action
                 assert alt.next_state != step.next_state
                 env = trainer.make_task()
-                _replay(env, seed, [s.action for s in steps[:i]], own_observation(step.state))
+                before = [s.action for s in steps[:i]]
+                replay_to_state(env, seed, before, own_observation(step.state))
                 obs, _, _, info = env.step(alt.action)  # the environment's own answer
                 assert alt.next_state == next_state_text(obs, info) and alt.kind == info["kind"]
     assert count > 0
@@ -124,7 +126,7 @@ def test_an_environment_that_cannot_return_to_an_expert_state_is_refused():
     (episode,) = expert_transitions(ExperienceHousehold(), [3])
     with pytest.raises(RunError, match="cannot be reset to an expert state"):
         for _ in range(20):  # (the same task by chance, at most a few times)
-            _replay(env, 3, [episode[0].action], own_observation(episode[1].state))
+            replay_to_state(env, 3, [episode[0].action], own_observation(episode[1].state))
     with pytest.raises(RunError, match="cannot be reset to an expert state"):
         for _ in range(20):
             check_replayable(env, 3)  # the trainer's check, before any compute
@@ -247,11 +249,7 @@ def test_recipe_runs_tiny_from_the_cli_and_writes_the_summary(tmp_path):
     for key in ("success", "id_sampled_success", "ood_sampled_success", "id_next_state_loss"):
         assert f"{key}_before" in summary and f"{key}_after" in summary
     assert summary["experience_states"] == sum(
-        len(ep) for ep in expert_transitions(ExperienceHousehold(), _demo_seeds(summary))
+        len(ep)
+        for ep in expert_transitions(ExperienceHousehold(), demo_seeds(summary["seed"], 3))
     )
     assert 0 < summary["experience_per_state"] <= 2
-
-
-def _demo_seeds(summary) -> list[int]:
-    config = EarlyExperienceConfig(**{**TINY, "seed": summary["seed"]})
-    return EarlyExperienceTrainer.demo_seeds.fget(type("T", (), {"config": config})())

@@ -50,7 +50,7 @@ from .config import (
 )
 from .envs import HouseholdEnv
 from .envs.household import ACTION_OPEN
-from .rollout import Batch, build_segments_batch
+from .rollout import Batch, build_segments_batch, sequence_logprobs
 from .utils import eval_sampling_seed, fixed_rng, substream, train_seed
 
 __all__ = [
@@ -59,6 +59,8 @@ __all__ = [
     "ExperienceHousehold",
     "expert_transitions",
     "check_replayable",
+    "replay_to_state",
+    "demo_seeds",
     "collect_alternatives",
     "next_state_text",
     "own_observation",
@@ -116,12 +118,19 @@ def next_state_text(obs: str, info: dict) -> str:
     return "success" if info.get("success") else "out of turns"
 
 
+def demo_seeds(seed: int, n: int) -> list[int]:
+    """The episode seeds of D_expert of a run with config seed ``seed``: fixed by it, drawn apart
+    from its task stream (``utils.substream``)."""
+    rng = substream("early-experience-demos", seed, 0)
+    return [train_seed(rng) for _ in range(n)]
+
+
 def own_observation(state: str) -> str:
     """The last observation of a history (what the environment showed at this step)."""
     return state.rsplit(f"{STOP} ", 1)[-1]
 
 
-def _replay(env, seed: int, actions: list[str], expected: str | None = None) -> str:
+def replay_to_state(env, seed: int, actions: list[str], expected: str | None = None) -> str:
     """Reset ``env`` with ``seed`` and take ``actions``: the expert's state after them. With
     ``expected``, the observation must be the one recorded there, else the environment cannot be
     put back in an expert state (it is not deterministic given its seed and actions)."""
@@ -148,7 +157,7 @@ def check_replayable(env, seed: int) -> None:
     if twin is env:
         raise RunError(f"env {env.name!r} cannot be copied (deepcopy returned the same object)")
     for i, step in enumerate(episode):
-        _replay(twin, seed, [s.action for s in episode[:i]], own_observation(step.state))
+        replay_to_state(twin, seed, [s.action for s in episode[:i]], own_observation(step.state))
 
 
 def expert_transitions(env, seeds: list[int]) -> list[list[Transition]]:
@@ -181,7 +190,7 @@ class _Branch:
         self.outcome: tuple[str, dict] | None = None
 
     def reset(self, _seed: int) -> str:
-        _replay(self.env, self.seed, self.actions, self.expected)
+        replay_to_state(self.env, self.seed, self.actions, self.expected)
         return self.history
 
     def step(self, text: str):
@@ -217,12 +226,13 @@ def collect_alternatives(
         seen = {expert.action}
         for branch in branches[n * proposals : (n + 1) * proposals]:
             obs, info = branch.outcome
-            action = branch.action
             after = next_state_text(obs, info)
-            if action in seen or after == expert.next_state or len(out[e][i]) == k:
+            if branch.action in seen or after == expert.next_state:
                 continue
-            seen.add(action)
-            out[e][i].append(Transition(expert.state, action, after, info["kind"]))
+            seen.add(branch.action)
+            out[e][i].append(Transition(expert.state, branch.action, after, info["kind"]))
+            if len(out[e][i]) == k:
+                break
     return out
 
 
@@ -400,9 +410,7 @@ class EarlyExperienceTrainer(AgentTrainer):
     # ------------------------------------------------------------------ the data
     @property
     def demo_seeds(self) -> list[int]:
-        """The seeds of D_expert: fixed by the run's seed, apart from its task stream."""
-        rng = substream("early-experience-demos", self.config.seed, 0)
-        return [train_seed(rng) for _ in range(self.config.num_demos)]
+        return demo_seeds(self.config.seed, self.config.num_demos)
 
     @property
     def expert_episodes(self) -> list[list[Transition]]:
@@ -476,8 +484,6 @@ class EarlyExperienceTrainer(AgentTrainer):
     def next_state_loss(self, split: str) -> float:
         """Mean next-token loss (nats per token) of the next states of held-out expert
         transitions: how well the policy's weights predict the environment (eq. ee-iwm's loss)."""
-        from .rollout import sequence_logprobs
-
         episodes = expert_transitions(self.make_task(split), self.eval_problems)
         rows = world_model_rows([t for ep in episodes for t in ep])
         batch = build_segments_batch(self.tokenizer, rows, self.device)
