@@ -64,6 +64,7 @@ __all__ = [
     "check_resumable",
     "check_contents",
     "restore",
+    "scaler_state",
     "check_world_size",
     "policy_state",
     "load_policy_state",
@@ -491,6 +492,8 @@ def check_contents(state: dict, config, path: str) -> None:
     optimizer = state["optimizer"]
     if not isinstance(optimizer, dict) or not {"state", "param_groups"} <= set(optimizer):
         bad("optimizer is not an optimizer's state")
+    if not isinstance(state.get("scaler", {}), dict):
+        bad("scaler is not a gradient scaler's state")
 
 
 def _check_rng(rng, bad) -> None:
@@ -543,8 +546,9 @@ def _part(path: str, what: str):
 
 def restore(trainer, state: dict, path: str) -> None:
     """Continue ``trainer`` from ``state`` (checked by :func:`check_resumable`): weights, the
-    optimizer, pi_ref, a recipe's extra state, RNG streams, histories and evaluations. A part that
-    does not fit this run's model (names, shapes) is a :class:`CheckpointError` naming it."""
+    optimizer, pi_ref, a recipe's extra state, RNG streams, an fp16 run's gradient scaler,
+    histories and evaluations. A part that does not fit this run's model (names, shapes) is a
+    :class:`CheckpointError` naming it."""
     from . import distributed as dist
 
     with _part(path, "model"):
@@ -569,8 +573,19 @@ def restore(trainer, state: dict, path: str) -> None:
     with _part(path, "RNG state"):  # this rank's streams (the problem stream is every rank's)
         rng = state["rank_rng"][dist.rank()] if "rank_rng" in state else state["rng"]
         set_rng_state(rng, trainer.problem_rng)
+    scaler = getattr(trainer, "scaler", None)
+    with _part(path, "gradient scaler"):  # an fp16 run's; a scale is meaningless to bf16, fp32
+        if "scaler" in state and scaler is not None and scaler.is_enabled():
+            scaler.load_state_dict(state["scaler"])
     trainer.sft_history, trainer.history = state["sft_history"], state["history"]
     trainer.evals, trainer.wall_time = state["evals"], state["wall_time"]
+
+
+def scaler_state(scaler) -> dict:
+    """``{"scaler": its state}`` (plain numbers: the loss scale and its growth counters) for an
+    fp16 run's working ``GradScaler``, else ``{}``: a bf16 or fp32 checkpoint (the CPU's) keeps
+    the keys it always had."""
+    return {"scaler": scaler.state_dict()} if scaler.is_enabled() else {}
 
 
 def check_world_size(state: dict, path: str) -> None:

@@ -240,10 +240,11 @@ class RLConfig:
     )
     bf16: bool = _f(
         False,
-        "Mixed precision on a CUDA GPU that supports bfloat16: the forward passes of sampling and "
-        "of the loss run under torch.autocast(bfloat16); weights, gradients and AdamW stay "
-        "float32 (TRL's bf16=True). Ignored on the CPU, where runs stay float32. The GPU "
-        "version of the full profile turns it on.",
+        "Mixed precision: bf16 where the GPU supports it, else fp16 with a gradient scaler "
+        "(compute capability 7.0+, e.g. a T4), else float32. The forward passes of sampling and "
+        "of the loss run under torch.autocast; weights, gradients and AdamW stay float32 (TRL's "
+        "name, bf16=True). Ignored on the CPU, where runs stay float32. The GPU version of the "
+        "full profile turns it on.",
     )
     entropy_coeff: float = _f(
         0.0,

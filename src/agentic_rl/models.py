@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 import torch
 
+from .utils import choose_precision
+
 # transformers and tokenizers are imported where they are used: importing a chapter module (its
 # config, for the CLI's --help) then costs no transformers import (~2 s)
 
@@ -331,11 +333,15 @@ def load_pretrained(
 
 
 def base_dtype(device: torch.device, *, lora: bool) -> torch.dtype:
-    """The dtype to load a pretrained model in: bfloat16 for a frozen base under LoRA adapters on a
-    GPU that supports it (half the memory and much faster matmuls; the adapters, their optimizer
-    and the log-softmax stay float32), else float32. Full fine-tuning stays float32: AdamW
-    updates are lost to bf16 rounding."""
-    if lora and device.type == "cuda" and torch.cuda.is_bf16_supported():
+    """The dtype to load a pretrained model in, as :func:`~agentic_rl.utils.choose_precision`
+    decides: bfloat16 for a frozen base under LoRA adapters when the GPU computes bf16 natively
+    (half the memory and much faster matmuls; the adapters, their optimizer and the log-softmax
+    stay float32), else float32. Full fine-tuning stays float32: AdamW updates are lost to bf16
+    rounding. A float16 GPU (a T4) keeps a float32 base too: float16 weights run every op in
+    float16, where a pretrained model's large activations overflow (its largest number is 65504)
+    and norms and softmaxes lose precision; fp16 autocast instead casts only the matmuls and
+    keeps those ops float32."""
+    if lora and choose_precision(device).name == "bf16":
         return torch.bfloat16
     return torch.float32
 

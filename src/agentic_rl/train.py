@@ -103,7 +103,7 @@ from .config import RLConfig
 from .losses import aggregate, kl_penalty, policy_loss
 from .models import AdaptersOff, build_policy, count_parameters, get_device
 from .rollout import Batch, first_scored_column, sequence_logprobs, shared_prefix_logprobs
-from .utils import mixed_precision, seed_everything
+from .utils import grad_scaler, mixed_precision, seed_everything
 
 __all__ = ["Trainer", "sft_step"]
 
@@ -206,6 +206,7 @@ class Trainer:
         self.history: list[dict] = []
         self.evals: dict[str, dict] = {}
         self.optimizer = self.make_optimizer()
+        self.scaler = grad_scaler(self.device, config.bf16)  # fp16 only; else a disabled one
         self.wall_time = 0.0  # seconds spent in train(), summed over every resume
         self._clock = None  # perf_counter() when wall_time was last brought up to date (None: idle)
         self.was_complete = False  # train() found the run already finished and changed nothing
@@ -436,7 +437,7 @@ class Trainer:
         if self.ref_model is None and (c.beta > 0 or c.log_kl):
             self.make_ref_model()
         t0 = time.perf_counter()
-        with self.mixed_precision():  # bf16 autocast on a GPU when asked for (else nothing)
+        with self.mixed_precision():  # bf16 (else fp16) autocast on a GPU when asked for
             batch = self.rollout()
         t_rollout = time.perf_counter() - t0
         advantages = self.compute_advantages(batch)
@@ -493,9 +494,9 @@ class Trainer:
 
     def optimizer_step(self, loss: torch.Tensor | None) -> tuple[float, bool]:
         """Backward, average the gradients over the ranks (under torchrun), clip, step; skip the
-        update (and say so) if the loss or gradient is not finite. Returns ``(grad_norm,
-        skipped)``. ``loss=None`` (torchrun only): this rank has no rows in this gradient step;
-        it joins the average with a zero gradient."""
+        update (and say so) if the loss or gradient is not finite (fp16: the ``GradScaler``'s
+        overflows too, each lowering its scale). Returns ``(grad_norm, skipped)``. ``loss=None``
+        (torchrun only): this rank has no rows in this step; it joins with a zero gradient."""
         self.optimizer.zero_grad(set_to_none=True)
         finite = loss is None or bool(torch.isfinite(loss))
         if not finite:
@@ -508,12 +509,13 @@ class Trainer:
             if dist.world_size() == 1:
                 return float("nan"), True
         elif loss is not None:
-            loss.backward()
+            self.scaler.scale(loss).backward()  # fp16: the loss scaled up (else it is the loss)
         # Under torchrun: the gradient of the step's whole batch, before clipping, so that every
         # rank clips and steps alike. A rank whose loss is not finite makes it NaN on every rank,
         # and every rank skips the update below.
         params = [p for g in self.optimizer.param_groups for p in g["params"]]
         dist.average_gradients(params, poison=not finite)
+        self.scaler.unscale_(self.optimizer)  # fp16: the true gradients, to clip (else nothing)
         # Clip each parameter group on its own (the policy; a critic); report the policy's.
         norms = [
             torch.nn.utils.clip_grad_norm_(g["params"], self.config.max_grad_norm).item()
@@ -522,6 +524,7 @@ class Trainer:
         if not all(math.isfinite(n) for n in norms):
             grad_norm = next(n for n in norms if not math.isfinite(n))
             self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.update()  # fp16: an overflow lowers the scale (else nothing)
             self.skip_reason = f"the gradient norm was {grad_norm}"
             warnings.warn(
                 f"RL step {self.step + 1}: gradient norm is {grad_norm}; skipped this update",
@@ -529,12 +532,12 @@ class Trainer:
                 stacklevel=3,
             )
             return grad_norm, True
-        self.optimizer.step()
+        self.scaler.step(self.optimizer)  # optimizer.step() (fp16: unless an overflow was found)
+        self.scaler.update()
         return norms[0], False
 
     def mixed_precision(self):
-        """The ``bf16`` autocast of this run's forward passes, or nothing (see
-        :func:`agentic_rl.utils.mixed_precision`)."""
+        """This run's autocast (see :func:`agentic_rl.utils.mixed_precision`), or nothing."""
         return mixed_precision(self.device, self.config.bf16)
 
     # ------------------------------------------------------------------ a whole run
@@ -600,6 +603,7 @@ class Trainer:
         """The run's before/after evaluation (``*_before`` / ``*_after`` keys), cost and config."""
         out = {
             "task": self.task.name,
+            "model": self.config.model_name_or_path or "tiny model (trained from scratch)",
             "profile": self.config.profile,
             "seed": self.config.seed,
             "num_parameters": self.num_parameters,
@@ -655,6 +659,7 @@ class Trainer:
             "evals": self.evals,
             "wall_time": self.wall_time,
             "config": self.config.to_dict(),
+            **ckpt.scaler_state(self.scaler),  # fp16 runs only
             **self.extra_state(),
         }
         if len(rngs) > 1:

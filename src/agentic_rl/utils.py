@@ -19,6 +19,7 @@ import os
 import random
 import warnings
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -29,7 +30,10 @@ __all__ = [
     "in_colab",
     "stored_outputs",
     "fixed_rng",
+    "Precision",
+    "choose_precision",
     "mixed_precision",
+    "grad_scaler",
     "train_seed",
     "eval_seeds",
     "probe_seeds",
@@ -90,12 +94,84 @@ def fixed_rng(seed: int, device: torch.device):
         yield
 
 
+@dataclass(frozen=True)
+class Precision:
+    """How a run computes (:func:`choose_precision`): ``name`` ("bf16", "fp16" or "fp32"), the
+    dtype its forward passes autocast to (None: no autocast), whether its loss goes through a
+    gradient scaler (fp16 only), and ``reason``, one line that says why."""
+
+    name: str
+    autocast_dtype: torch.dtype | None
+    use_grad_scaler: bool
+    reason: str
+
+
+#: fp16 autocast pays off from tensor cores on: compute capability 7.0 (Volta; a T4 is 7.5).
+FP16_MIN_CAPABILITY = (7, 0)
+
+
+def choose_precision(device: torch.device, requested: bool = True) -> Precision:
+    """The precision of a run on ``device`` (``requested``: config field ``bf16``), decided here
+    only. Weights, gradients and AdamW stay float32 in every case; only the forward passes'
+    matmuls run in half precision, under ``torch.autocast``.
+
+    =====================================  =====  ==============================================
+    device                                 name   why
+    =====================================  =====  ==============================================
+    CPU, MPS, or not ``requested``         fp32   CPU autocast is slower here and changes the
+                                                  numbers the tests pin; MPS: not tried
+    CUDA with native bf16 (Ampere+: 8.0)   bf16   float32's range: no overflow, no scaler
+    CUDA 7.0+ without bf16 (T4: 7.5)       fp16   tensor cores; a GradScaler, because small
+                                                  fp16 gradients underflow to zero unscaled
+    older CUDA (P100: 6.0)                 fp32   no tensor cores: fp16 gains little there
+    =====================================  =====  ==============================================
+
+    bf16 is asked ``including_emulation=False``: torch reports a T4 as bf16-capable through
+    emulation, which runs far slower than its fp16 tensor cores."""
+    device = torch.device(device)
+    if device.type == "cpu":
+        why = "autocast on CPU is slower here and changes the numbers the tests pin"
+        return Precision("fp32", None, False, f"CPU: float32 ({why})")
+    if device.type != "cuda":
+        why = "mixed precision is used on CUDA GPUs only"
+        return Precision("fp32", None, False, f"{device.type.upper()}: float32 ({why})")
+    if not requested:
+        return Precision("fp32", None, False, "CUDA: float32 (mixed precision not asked for)")
+    if torch.cuda.is_bf16_supported(including_emulation=False):
+        why = "the GPU computes bfloat16 natively; float32's range, so no gradient scaler"
+        return Precision("bf16", torch.bfloat16, False, f"CUDA: bfloat16 autocast ({why})")
+    if not torch.cuda.is_available():
+        return Precision("fp32", None, False, "CUDA: float32 (CUDA is not available)")
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) >= FP16_MIN_CAPABILITY:
+        why = f"compute capability {major}.{minor}: no native bfloat16, but fp16 tensor cores"
+        return Precision("fp16", torch.float16, True, f"CUDA: float16 autocast, GradScaler ({why})")
+    why = f"compute capability {major}.{minor}: no bfloat16, no tensor cores for float16"
+    return Precision("fp32", None, False, f"CUDA: float32 ({why})")
+
+
 def mixed_precision(device: torch.device, bf16: bool):
-    """``torch.autocast`` to bfloat16 when ``bf16`` is asked for and ``device`` is a CUDA GPU that
-    supports it (config field ``bf16``); otherwise a context that changes nothing."""
-    if bf16 and device.type == "cuda" and torch.cuda.is_bf16_supported():
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return nullcontext()
+    """``torch.autocast`` to the dtype :func:`choose_precision` picks for ``device`` when mixed
+    precision is asked for (config field ``bf16``): bfloat16 where the GPU supports it, float16
+    on an older one; otherwise (CPU, fp32) a context that changes nothing."""
+    dtype = choose_precision(device, bf16).autocast_dtype
+    if dtype is None:
+        return nullcontext()
+    return torch.autocast("cuda", dtype=dtype)  # (only a CUDA device gets a dtype)
+
+
+def grad_scaler(device: torch.device, requested: bool) -> torch.amp.GradScaler:
+    """The run's gradient scaler: a working ``GradScaler("cuda")`` when :func:`choose_precision`
+    picks fp16 (it scales the loss up so that small fp16 gradients do not underflow, unscales
+    them before clipping, and skips a step whose gradients overflowed, lowering its scale), else
+    a disabled one (``enabled=False``), whose ``scale(loss)`` is ``loss``, ``unscale_`` and
+    ``update`` do nothing, and ``step(optimizer)`` is ``optimizer.step()``: the same computation
+    as without it."""
+    fp16 = choose_precision(device, requested).use_grad_scaler
+    scaler = torch.amp.GradScaler("cuda", enabled=fp16)
+    if scaler.is_enabled():  # its scale made now, not at the first scale(loss): a torchrun rank
+        scaler.scale(torch.ones((), device=device))  # with no rows then can still unscale_
+    return scaler
 
 
 def seed_everything(seed: int) -> None:
