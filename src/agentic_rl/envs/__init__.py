@@ -13,6 +13,7 @@ from .frozenlake import FrozenLakeEnv
 from .household import HouseholdEnv
 from .multiaction import MultiActionEnv
 from .multiply import MultiplyEnv
+from .python_tool import PythonToolEnv
 from .sokoban import SokobanEnv
 from .sums import SumsTask
 
@@ -23,6 +24,7 @@ ENVS = {
     "frozenlake": FrozenLakeEnv,
     "household": HouseholdEnv,
     "multiply": MultiplyEnv,
+    "python-tool": PythonToolEnv,
     "sokoban": SokobanEnv,
 }
 
@@ -52,6 +54,7 @@ __all__ = [
     "MultiActionEnv",
     "MultiTurnEnv",
     "MultiplyEnv",
+    "PythonToolEnv",
     "SokobanEnv",
     "SumsTask",
     "Problem",

@@ -119,6 +119,17 @@ def _digits(n: int) -> str:
     return " ".join(str(n))
 
 
+def miscopy(number: str, rng: random.Random) -> str:
+    """``number`` (a string of digits) with one digit replaced by another (a leading digit never by
+    ``0``): the teacher's copying error in demonstrations."""
+    k = rng.randrange(len(number))
+    return (
+        number[:k]
+        + rng.choice([d for d in DIGITS if d != number[k] and (k or d != "0")])
+        + number[k + 1 :]
+    )
+
+
 class MultiplyEnv:
     """``a * b`` with a sandboxed Python interpreter as the tool (see the module docstring).
 
@@ -206,16 +217,41 @@ class MultiplyEnv:
         info = dict(terminated=True, truncated=False, success=success, format_ok=format_ok)
         return "", reward, True, info
 
+    def _hallucinates(self, text: str) -> bool:
+        """Whether the policy writes the interpreter's part itself (the tag, or output right after
+        a call): remembered, then the segment is parsed as usual."""
+        words = text.split() if isinstance(text, str) else []
+        return INTERP in words or bool(self.calls and words and words[0] in INTERPRETER_WORDS)
+
     def _before_step(self, text: str):
         if self._done:
             raise RuntimeError("step() called on a finished episode; call reset(seed) first")
         self.turns += 1
-        words = text.split() if isinstance(text, str) else []
-        if INTERP in words or (self.calls and words and words[0] in INTERPRETER_WORDS):
-            # the policy writes the interpreter's part itself (the tag, or output right after a
-            # call): remembered, then parsed as usual
+        if self._hallucinates(text):
             self.hallucinated = True
         return self._parse(text)
+
+    # The parts of a step that a variant of the task (another format, another tool) replaces.
+    def _check_answer(self, words) -> tuple[bool, bool]:
+        """``(format_ok, right)`` for a parsed answer."""
+        ok = bool(words) and all(w in DIGITS for w in words)
+        return ok, ok and " ".join(words) == self.answer
+
+    def _program(self, words) -> str:
+        """The program a parsed tool call runs."""
+        return to_source(" ".join(words))
+
+    def _run_programs(self, programs: list[str]) -> list[sandbox.Result]:
+        """Run one turn's programs (of all the episodes stepped together) in the sandbox."""
+        return _run_all(self, programs)
+
+    def _render(self, result: sandbox.Result) -> str:
+        """The observation of a tool call that ran."""
+        return render_output(result, self.max_output_tokens)
+
+    def _error_text(self) -> str:
+        """The observation of a call that the flaky tool failed without running it."""
+        return f"{INTERP} Error {END_INTERP}"
 
     def _after_tool(self, observation: str):
         """The observation of a tool call; the turn limit truncates the episode here."""
@@ -236,10 +272,9 @@ class MultiplyEnv:
         parsed = [env._before_step(text) for env, text in zip(envs, texts)]
         to_run = []  # (env index, program)
         results: list[tuple | None] = [None] * len(envs)
-        for i, (env, (kind, words)) in enumerate(zip(envs, parsed)):
+        for i, (env, (kind, payload)) in enumerate(zip(envs, parsed)):
             if kind == "answer":
-                ok = bool(words) and all(w in DIGITS for w in words)
-                right = ok and " ".join(words) == env.answer
+                ok, right = env._check_answer(payload)
                 results[i] = env._end(
                     1.0 if right else -1.0, success=right, format_ok=ok, answered=True
                 )
@@ -253,15 +288,15 @@ class MultiplyEnv:
                     results[i] = env._after_tool("")  # the interpreter never answers
                 elif env._rng.random() < env.tool_error_rate:
                     env.tool_errors += 1
-                    results[i] = env._after_tool(f"{INTERP} Error {END_INTERP}")
+                    results[i] = env._after_tool(env._error_text())
                 else:
-                    to_run.append((i, to_source(" ".join(words))))
+                    to_run.append((i, env._program(payload)))
         if to_run:
-            outputs = _run_all(envs[to_run[0][0]], [source for _, source in to_run])
+            outputs = envs[to_run[0][0]]._run_programs([source for _, source in to_run])
             for (i, _), result in zip(to_run, outputs):
                 env = envs[i]
                 env.tool_errors += int(not result.ok)
-                results[i] = env._after_tool(render_output(result, env.max_output_tokens))
+                results[i] = env._after_tool(env._render(result))
         return results
 
     # ------------------------------------------------------------------ demonstrations
@@ -292,12 +327,7 @@ class MultiplyEnv:
         if rng.random() < tool_fraction:
             a, b = str(self.a), str(self.b)
             if rng.random() < error_rate:
-                k = rng.randrange(len(a))
-                a = (
-                    a[:k]
-                    + rng.choice([d for d in DIGITS if d != a[k] and (k or d != "0")])
-                    + a[k + 1 :]
-                )
+                a = miscopy(a, rng)
             printed = _digits(int(a) * int(b))
             code = f"{CODE} {_digits(int(a))} * {_digits(int(b))}"
             if retry_rate > 0 and self.max_tool_calls >= 2 and rng.random() < retry_rate:
@@ -316,6 +346,14 @@ class MultiplyEnv:
         return segments
 
 
+def run_each(env: MultiplyEnv, programs: list[str]) -> list[sandbox.Result]:
+    """Run every program (concurrently, in the env's pool; else one fresh sandbox each)."""
+    if env.pool is not None:
+        return env.pool.map(programs)
+    limits = {"timeout_s": env.timeout_s, "memory_mb": env.memory_mb}
+    return [sandbox.run(p, **limits) for p in programs]
+
+
 def _run_all(env: MultiplyEnv, programs: list[str]) -> list[sandbox.Result]:
     """Run each *distinct* program once (concurrently, in the pool) and share its result.
 
@@ -325,10 +363,5 @@ def _run_all(env: MultiplyEnv, programs: list[str]) -> list[sandbox.Result]:
     interpreter, run every call.)
     """
     distinct = list(dict.fromkeys(programs))
-    if env.pool is not None:
-        results = env.pool.map(distinct)
-    else:
-        limits = {"timeout_s": env.timeout_s, "memory_mb": env.memory_mb}
-        results = [sandbox.run(p, **limits) for p in distinct]
-    by_program = dict(zip(distinct, results))
+    by_program = dict(zip(distinct, run_each(env, distinct)))
     return [by_program[p] for p in programs]
