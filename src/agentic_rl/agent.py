@@ -136,9 +136,9 @@ class AgentTrainer(Trainer):
 
     config: PPOConfig
 
-    def __init__(self, config: PPOConfig, *, model=None, tokenizer=None):
+    def __init__(self, config: PPOConfig, *, model=None, tokenizer=None, base=None):
         self.critic = None
-        super().__init__(config, model=model, tokenizer=tokenizer)
+        super().__init__(config, model=model, tokenizer=tokenizer, base=base)
         # no SFT phase: RL starts now
         if config.advantage_estimator == "gae" and self.phase == "rl":
             self._make_critic()

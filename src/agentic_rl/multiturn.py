@@ -251,6 +251,7 @@ def rollout_multiturn(
     keep_stop_word: bool = False,
     group_ids=None,
     ref_model=None,
+    chat=None,
 ) -> Batch:
     """Play one episode per environment (``envs[i].reset(seeds[i])``) with ``model`` as the policy.
 
@@ -280,6 +281,14 @@ def rollout_multiturn(
     Envs whose class has a ``step_batch(envs, texts)`` static method are stepped together, once per
     turn (e.g. ReTool's, which runs the turn's code snippets concurrently in the sandbox pool).
 
+    ``chat``: a :class:`~agentic_rl.chat.ChatFormat` for a pretrained chat model. The first
+    observation is then the user's message in the template (system turn and assistant header
+    included); a turn ends at the template's end-of-turn token (sampled, ``loss_mask`` 1; it
+    replaces ``stop_word``); each later observation is the tool's turn, encoded with the
+    template's markers around it and appended as ids (:meth:`~agentic_rl.chat.ChatFormat.
+    observation_ids`), after the end-of-turn token the rollout adds when a turn was cut at
+    ``max_action_tokens``. The sampled ids are never decoded and encoded again.
+
     ``reuse_cache=True`` keeps one KV cache across turns and feeds only new tokens;
     ``reuse_cache=False`` re-encodes the whole history at the start of every turn (the naive
     baseline). Both sample the same tokens for the same torch seed.
@@ -302,7 +311,10 @@ def rollout_multiturn(
         raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
     device = next(model.parameters()).device
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    stop_ids = tokenizer(stop_word, add_special_tokens=False)["input_ids"] if stop_word else []
+    if chat is not None:  # the template's end-of-turn token ends a turn (often it is EOS)
+        stop_ids = [] if chat.end_of_turn == eos else [chat.end_of_turn]
+    else:
+        stop_ids = tokenizer(stop_word, add_special_tokens=False)["input_ids"] if stop_word else []
     limits = [int(max_turns if max_turns is not None else env.max_turns) for env in envs]
     config = getattr(model, "config", None)
 
@@ -311,7 +323,8 @@ def rollout_multiturn(
     try:
         # ---- reset: the context starts with <bos> + the first observation (left-padded) ----
         # (one tokenizer call for the batch: the same ids as one call per text)
-        first = tokenizer([env.reset(seed) for env, seed in zip(envs, seeds)])["input_ids"]
+        texts = [env.reset(seed) for env, seed in zip(envs, seeds)]
+        first = [chat.prompt_ids(t) for t in texts] if chat else tokenizer(texts)["input_ids"]
         ids, attn = _left_pad(first, pad, device)
         buf = _Buffer(B, 2 * ids.shape[1] + 4 * max_action_tokens, device)
         buf.append(ids, attn)
@@ -407,15 +420,17 @@ def rollout_multiturn(
             sampled_rows, steps_rows = sampled.tolist(), steps.tolist()
             gen = {i: sampled_rows[i][: steps_rows[i]] for i in live}
             last_col = {i: start + steps_rows[i] - 1 for i in live}
-            action_ids = []
+            action_ids, closed = [], {}
             for i in live:
                 ids = gen[i]
+                closed[i] = True
                 if ids and ids[-1] == eos:
                     ids = ids[:-1]
                 elif stop_ids and ids[-len(stop_ids) :] == stop_ids:
-                    ids = ids if keep_stop_word else ids[: -len(stop_ids)]
+                    ids = ids if keep_stop_word and chat is None else ids[: -len(stop_ids)]
                 else:
                     missing_stop[i] += 1
+                    closed[i] = False
                 action_ids.append(ids)
             # one call for the batch: each row decoded as by ``decode``
             texts = tokenizer.batch_decode(action_ids, skip_special_tokens=False)
@@ -458,7 +473,10 @@ def rollout_multiturn(
                 torch.tensor(rewards, dtype=torch.float32, device=device),
                 accumulate=True,
             )
-            if to_encode:  # one tokenizer call for the turn's observations
+            if to_encode and chat is not None:  # the tool's turn, in the template's markers
+                for i, obs in to_encode:
+                    obs_rows[i] = chat.observation_ids(obs, closed=closed[i])
+            elif to_encode:  # one tokenizer call for the turn's observations
                 encoded = tokenizer([o for _, o in to_encode], add_special_tokens=False)
                 for (i, _), ids in zip(to_encode, encoded["input_ids"]):
                     obs_rows[i] = ids

@@ -15,10 +15,16 @@ The ReTool chapter's new ideas, on top of the multi-turn agent trainer (:class:`
   tool errors, negatives at random).
 
 Everything else (SFT, GRPO or PPO+GAE, checkpoints, the CLI) is the agent trainer's.
+
+The ``pretrained`` profile runs the same recipe on a real chat model (SmolLM2-135M-Instruct, LoRA):
+the env is :class:`~agentic_rl.envs.PythonToolEnv` (real Python in a fenced block), turns are
+encoded in the model's chat template (:mod:`agentic_rl.chat`, :attr:`ReToolTrainer.chat_format`),
+and the interpreter's tokens are the template's tool turn.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -27,7 +33,7 @@ import torch
 from . import distributed as dist
 from . import sandbox
 from .agent import AgentTrainer
-from .config import FULL_MODEL, AgentFields, CriticFields, _f, defaults
+from .config import FULL_MODEL, AgentFields, ConfigError, CriticFields, _f, defaults
 from .envs import make_env
 from .losses import policy_loss
 from .rollout import Batch, build_segments_batch, sequence_logprobs
@@ -63,7 +69,7 @@ TOOL_TIMEOUT_MAX_S = 3600.0
 class ReToolConfig(AgentFields, CriticFields):
     """ReTool: code runs inside the rollout; the interpreter's output is masked out of the loss."""
 
-    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("multiply",)
+    RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("multiply", "python-tool")
 
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},
@@ -79,6 +85,51 @@ class ReToolConfig(AgentFields, CriticFields):
             max_steps=300,
             prompts_per_step=64,
             eval_size=512,
+        ),
+        # A real instruct model (SmolLM2-135M-Instruct, shipped as a pip package: no hub) in its
+        # chat template, writing real Python in a fenced block (the python-tool env); LoRA on the
+        # attention projections. A short SFT on expert conversations, then GRPO: sized for one CPU
+        # thread (the agent LLM lab). On a GPU, GPU_PROFILES scales the group and the run up.
+        "pretrained": dict(
+            env="python-tool",
+            model_name_or_path="smollm2-135m-instruct",
+            use_lora=True,
+            lora_r=16,
+            lora_alpha=32,
+            max_turns=2,  # one tool call, then the answer
+            max_action_tokens=20,  # a code block is ~15 tokens with its end-of-turn token
+            max_output_tokens=32,  # characters of the tool's output
+            # half the expert conversations answer directly (the model cannot compute those): GRPO
+            # then has a choice to learn, call the tool or guess
+            sft_tool_fraction=0.5,
+            demo_error_rate=0.0,
+            sft_steps=8,
+            sft_batch_size=8,
+            sft_learning_rate=1e-3,
+            max_steps=8,
+            prompts_per_step=4,
+            num_generations=4,
+            num_minibatches=1,
+            learning_rate=5e-4,
+            temperature=0.7,
+            grad_share_every=0,
+            tool_workers=1,
+            eval_size=32,
+            eval_samples=1,
+        ),
+    }
+    GPU_PROFILES: ClassVar[dict[str, dict]] = {
+        "pretrained": dict(
+            sft_steps=60,
+            sft_batch_size=32,
+            max_steps=100,
+            prompts_per_step=16,
+            num_generations=8,
+            num_minibatches=2,
+            tool_workers=4,
+            eval_size=256,
+            eval_samples=4,
+            bf16=True,
         ),
     }
 
@@ -120,7 +171,11 @@ class ReToolConfig(AgentFields, CriticFields):
         "Interpreter feedback mask: no loss on interpreter tokens (ReTool). False is the "
         "ablation: they are trained as if the policy had written them.",
     )
-    max_output_tokens: int = _f(8, "Interpreter output longer than this is cut and marked '...'.")
+    max_output_tokens: int = _f(
+        8,
+        "Interpreter output longer than this is cut and marked '...' (in tokens; in characters "
+        "for the python-tool env).",
+    )
     tool_error_rate: float = _f(
         0.0, "Probability that a tool call fails without running (the GRPO-RoC demonstration)."
     )
@@ -155,6 +210,12 @@ class ReToolConfig(AgentFields, CriticFields):
                 self._bad(name, "must be in [0, 1]")
         if self.max_turns < 2:
             self._bad("max_turns", "must be >= 2 (one tool call and an answer)")
+        if self.env == "python-tool" and not self.model_name_or_path:
+            why = (
+                "the python-tool env is a conversation in a chat template, written in real Python: "
+                "it needs a pretrained chat model (--profile pretrained)"
+            )
+            self._bad("env", why)
         # the sandbox pool's own limits (sandbox.Pool refuses anything else at the first rollout)
         if not 0 < self.tool_timeout_s <= TOOL_TIMEOUT_MAX_S:
             why = f"must be in (0, {TOOL_TIMEOUT_MAX_S:g}] seconds (the pool's)"
@@ -309,9 +370,16 @@ class ReToolTrainer(AgentTrainer):
         "episodes in which the policy writes the interpreter's output itself when the tool is off"
     )
 
-    def __init__(self, config: ReToolConfig, *, model=None, tokenizer=None):
+    def __init__(self, config: ReToolConfig, *, model=None, tokenizer=None, base=None):
         self._pool = None
-        super().__init__(config, model=model, tokenizer=tokenizer)
+        super().__init__(config, model=model, tokenizer=tokenizer, base=base)
+        from .chat import ChatTemplateError
+
+        try:  # a chat template that cannot serve an agent is refused before any training
+            self.chat_format
+        except ChatTemplateError as err:
+            name = config.model_name_or_path
+            raise ConfigError("model_name_or_path", str(err), name) from None
 
     # ------------------------------------------------------------------ construction
     @property
@@ -333,17 +401,27 @@ class ReToolTrainer(AgentTrainer):
 
     def make_task(self, *, tool_enabled: bool = True, pool: sandbox.Pool | None = None):
         c = self.config
+        # the chat env's tool output is cut in characters, the word-level env's in tokens
+        size = "max_output_chars" if c.env == "python-tool" else "max_output_tokens"
         return make_env(
             c.env,
             digits=(c.digits_a, c.digits_b),
             max_tool_calls=c.max_turns - 1,
             tool_enabled=tool_enabled,
             tool_error_rate=c.tool_error_rate,
-            max_output_tokens=c.max_output_tokens,
             timeout_s=c.tool_timeout_s,
             memory_mb=c.tool_memory_mb,
             pool=pool,
+            **{size: c.max_output_tokens},
         )
+
+    @functools.cached_property
+    def chat_format(self):
+        """The chat template's markers (:class:`~agentic_rl.chat.ChatFormat`) when the env is a
+        conversation (``task.chat``), else ``None``: word-level turns with tags."""
+        from .chat import ChatFormat
+
+        return ChatFormat.from_tokenizer(self.tokenizer) if self.chat else None
 
     @property
     def max_generated_tokens(self) -> float:
@@ -357,7 +435,7 @@ class ReToolTrainer(AgentTrainer):
         """Synthetic traces (half with the tool by default); interpreter output not trainable."""
         c, env = self.config, self.task
         eos = self.tokenizer.eos_token
-        rows = []
+        rows, chat = [], self.chat_format
         for _ in range(c.sft_batch_size):
             seed = train_seed(self.problem_rng)
             segments = env.demonstration(
@@ -367,8 +445,14 @@ class ReToolTrainer(AgentTrainer):
                 error_rate=c.demo_error_rate,
                 retry_rate=c.demo_retry_rate,
             )
-            text, trainable = segments[-1]
-            rows.append(segments[:-1] + [(f"{text} {eos}", trainable)])
+            if chat is None:
+                text, trainable = segments[-1]
+                segments = segments[:-1] + [(f"{text} {eos}", trainable)]
+            rows.append(segments)
+        if chat is not None:  # each turn in the template, each assistant turn ends its own
+            from .chat import chat_segments_batch
+
+            return chat_segments_batch(chat, rows, self.device)
         return build_segments_batch(self.tokenizer, rows, self.device)
 
     # ------------------------------------------------------------------ rollout
@@ -398,8 +482,9 @@ class ReToolTrainer(AgentTrainer):
             envs,
             [s for s in seeds for _ in range(group_size)],
             max_action_tokens=c.max_action_tokens,
-            stop_word="</code>",
+            stop_word="</code>",  # (a chat env's turns end at the template's end-of-turn token)
             keep_stop_word=True,
+            chat=self.chat_format,
             temperature=c.temperature,
             greedy=greedy,
             group_ids=torch.arange(len(seeds)).repeat_interleave(group_size),

@@ -27,6 +27,7 @@ __all__ = [
     "first_scored_column",
     "generate_batch",
     "build_segments_batch",
+    "batch_from_ids",
     "build_sft_batch",
 ]
 
@@ -484,8 +485,13 @@ def build_segments_batch(tokenizer, rows: list[list[tuple[str, bool]]], device=N
             mask += [int(trainable)] * len(piece)
         ids_rows.append(ids)
         mask_rows.append(mask)
+    return batch_from_ids(ids_rows, mask_rows, tokenizer.pad_token_id, device)
+
+
+def batch_from_ids(ids_rows: list[list[int]], mask_rows: list[list[int]], pad: int, device=None):
+    """Teacher-forced :class:`Batch` from token ids and their ``loss_mask``, one list per row;
+    rows are right-padded (positions then start at 0 for every row)."""
     width = max(len(r) for r in ids_rows)
-    pad = tokenizer.pad_token_id
     input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in ids_rows], device=device)
     attention_mask = torch.tensor(
         [[1] * len(r) + [0] * (width - len(r)) for r in ids_rows], device=device
@@ -493,7 +499,7 @@ def build_segments_batch(tokenizer, rows: list[list[tuple[str, bool]]], device=N
     loss_mask = torch.tensor([m + [0] * (width - len(m)) for m in mask_rows], device=device)
     zeros = torch.zeros(input_ids.shape, dtype=torch.float32, device=device)
     return Batch(
-        input_ids, attention_mask, loss_mask, zeros, torch.arange(len(rows), device=device)
+        input_ids, attention_mask, loss_mask, zeros, torch.arange(len(ids_rows), device=device)
     )
 
 

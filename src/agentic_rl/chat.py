@@ -1,0 +1,268 @@
+"""An agent on a real chat model: the conversation as token ids, turn by turn, never re-tokenized.
+
+Every other agent chapter's policy is a tiny model with a word-level tokenizer, where text and ids
+map one to one. A pretrained instruct model has a BPE tokenizer and a **chat template**, and both
+change what a multi-turn trainer must do:
+
+- **The template decides which tokens are the policy's.** SmolLM2's conversation is ChatML::
+
+      <|im_start|>system\\n...<|im_end|>\\n<|im_start|>user\\nWhat is 347 * 29? ...<|im_end|>\\n
+      <|im_start|>assistant\\n```python\\nprint(347*29)\\n```<|im_end|>\\n
+      <|im_start|>user\nOutput of the tool:\n10063<|im_end|>\n
+      <|im_start|>assistant\n10063<|im_end|>
+
+  The policy writes the assistant's content *and* the end-of-turn token (``<|im_end|>``: it must
+  learn to stop); everything else is the template's or the tool's (``loss_mask`` 0). The tool's
+  answer goes in a ``tool`` turn where the template has that role, otherwise in a user turn that
+  says it is the tool's output (SmolLM2's template has no tool role).
+- **Token in, token out.** Decoding the sampled conversation to text and tokenizing it again does
+  not give back the sampled ids: the policy may sample a split of a word that the tokenizer would
+  not produce (``pr`` + ``int`` for ``print``), and text on both sides of a turn boundary can merge
+  into one token. The loss would then score tokens that were never sampled, and PPO's ratio would
+  not start at 1. So the rollout (:func:`~agentic_rl.multiturn.rollout_multiturn` with
+  ``chat=``) keeps the sampled ids as they are and appends each tool answer *as ids*: the
+  template's closing and opening markers around the tool's text, encoded once per observation.
+  :func:`retokenization_drift` measures how often the round trip would have changed the ids.
+
+:class:`ChatFormat` reads the markers off the tokenizer's own template (it renders small
+conversations and takes their differences), so nothing here is specific to ChatML.
+:func:`assistant_mask_from_markers` finds the policy's tokens from the marker ids alone: an
+independent derivation that the rollout's ``loss_mask`` is checked against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from .rollout import Batch, batch_from_ids
+
+__all__ = [
+    "ChatFormat",
+    "ChatTemplateError",
+    "chat_segments_batch",
+    "assistant_mask_from_markers",
+    "retokenization_drift",
+]
+
+#: What a user turn that carries the tool's answer starts with, when the template has no tool role.
+TOOL_PREFIX = "Output of the tool:\n"
+#: message content that no template alters (a word between two invisible separators)
+_SENTINEL = "\u2063SENTINEL\u2063"
+
+
+class ChatTemplateError(ValueError):
+    """The tokenizer's chat template cannot serve a multi-turn agent (the message says why)."""
+
+
+def _render(tokenizer, messages, *, generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=generation_prompt
+    )
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """The turn markers of a tokenizer's chat template, as ids, and how to encode each turn.
+
+    Build it with :meth:`from_tokenizer`. Fields:
+
+    - ``assistant_header``: the ids that open an assistant turn (``<|im_start|>assistant\\n``);
+    - ``end_of_turn``: the id the policy emits to end its turn (``<|im_end|>``), its stop token;
+    - ``tool_role``: ``"tool"`` where the template has that role, else ``"user"`` (the tool's text
+      then starts with :data:`TOOL_PREFIX`);
+    - ``between``, ``after``: the template's text around a tool turn's content, from the end of
+      the assistant's turn to the content, and from the content to the next assistant header
+      included (the sentinel's two sides).
+    """
+
+    tokenizer: object
+    assistant_header: tuple[int, ...]
+    end_of_turn: int
+    tool_role: str
+    between: str
+    after: str
+
+    @classmethod
+    def from_tokenizer(cls, tokenizer) -> "ChatFormat":
+        """Read the markers off ``tokenizer.chat_template``; refuse a template or tokenizer that
+        cannot serve (no template, no assistant marker, no single end-of-turn token, no pad)."""
+        if not getattr(tokenizer, "chat_template", None):
+            raise ChatTemplateError("the tokenizer has no chat template: use an instruct model")
+        if tokenizer.pad_token_id is None:
+            raise ChatTemplateError(
+                "the tokenizer has no pad token: set tokenizer.pad_token (e.g. to its EOS token) "
+                "before batching episodes of different lengths"
+            )
+        user = [{"role": "user", "content": _SENTINEL}]
+        opened = _render(tokenizer, user, generation_prompt=True)
+        plain = _render(tokenizer, user, generation_prompt=False)
+        if not opened.startswith(plain) or opened == plain:
+            raise ChatTemplateError(
+                "the chat template has no assistant marker: add_generation_prompt adds nothing, "
+                "so the policy's turn cannot be opened"
+            )
+        header = opened[len(plain) :]
+        reply = user + [{"role": "assistant", "content": _SENTINEL}]
+        closed = _render(tokenizer, reply, generation_prompt=False)
+        start = plain + header + _SENTINEL
+        if not closed.startswith(start):
+            why = "the template renders an assistant turn differently once it is closed"
+            raise ChatTemplateError(why)
+        tail = closed[len(start) :]  # "<|im_end|>\n": the end-of-turn marker and what follows it
+        tail_ids = tokenizer(tail, add_special_tokens=False)["input_ids"]
+        if not tail_ids:
+            raise ChatTemplateError("the template does not close an assistant turn with a token")
+        end_of_turn = tail_ids[0]
+        if end_of_turn not in tokenizer.all_special_ids:
+            raise ChatTemplateError(
+                f"the assistant turn ends with {tokenizer.decode([end_of_turn])!r}, not a special "
+                "token: the policy could write it inside its text, and a turn would end early"
+            )
+        eot_text = tokenizer.decode([end_of_turn])
+        tool_role = "tool" if "tool" in tokenizer.chat_template else "user"
+        answered = reply + [{"role": tool_role, "content": _SENTINEL}]
+        full = _render(tokenizer, answered, generation_prompt=True)
+        prefix = closed[: len(closed) - len(tail)] + eot_text
+        if not full.startswith(prefix) or full.count(_SENTINEL) != 3:
+            raise ChatTemplateError("the template rewrites earlier turns when a turn is added")
+        between, after = full[len(prefix) :].split(_SENTINEL)
+        if not after.endswith(header):
+            why = "the template does not reopen the assistant's turn after the tool's"
+            raise ChatTemplateError(why)
+        ids = tokenizer(header, add_special_tokens=False)["input_ids"]
+        return cls(tokenizer, tuple(ids), end_of_turn, tool_role, between, after)
+
+    # ------------------------------------------------------------------ encoding, once per turn
+    def prompt_ids(self, user_text: str) -> list[int]:
+        """The conversation's opening as the model sees it: the template's system turn (its
+        default), the user's message, and the assistant's header, opened for the policy."""
+        messages = [{"role": "user", "content": user_text}]
+        text = _render(self.tokenizer, messages, generation_prompt=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def tool_text(self, observation: str) -> str:
+        """The tool turn's content: the observation, prefixed where the turn is a user's."""
+        return observation if self.tool_role == "tool" else TOOL_PREFIX + observation
+
+    def observation_ids(self, observation: str, *, closed: bool = True) -> list[int]:
+        """What is appended after the policy's turn: the template's text up to the tool turn's
+        content, the tool's text, and the template's text up to the next assistant header included,
+        encoded as one piece. ``closed=False`` (the policy's turn was cut before its end-of-turn
+        token) puts that token first: the template's, not the policy's."""
+        text = self.between + self.tool_text(observation) + self.after
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return ids if closed else [self.end_of_turn, *ids]
+
+    def conversation(self, segments: Sequence[tuple[str, bool]]) -> tuple[list[int], list[int]]:
+        """A whole demonstration as ``(ids, loss_mask)``, built turn by turn exactly as the rollout
+        builds an episode: ``segments`` are message contents, ``(user prompt, False)``, then the
+        assistant's turns ``(text, True)`` alternating with the tool's answers ``(text, False)``.
+        Each assistant turn is its text's tokens plus the end-of-turn token (mask 1)."""
+        (prompt, _), *rest = segments
+        ids = self.prompt_ids(prompt)
+        mask = [0] * len(ids)
+        for text, trainable in rest:
+            if trainable:
+                piece = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+                piece = [*piece, self.end_of_turn]
+            else:
+                piece = self.observation_ids(text)
+            ids += piece
+            mask += [int(trainable)] * len(piece)
+        return ids, mask
+
+
+def chat_segments_batch(fmt: ChatFormat, rows: Sequence[Sequence[tuple[str, bool]]], device=None):
+    """Teacher-forced :class:`~agentic_rl.rollout.Batch` of demonstrations in the chat template
+    (:meth:`ChatFormat.conversation` per row), right-padded."""
+    encoded = [fmt.conversation(segments) for segments in rows]
+    return batch_from_ids(
+        [ids for ids, _ in encoded], [m for _, m in encoded], fmt.tokenizer.pad_token_id, device
+    )
+
+
+def assistant_mask_from_markers(input_ids: torch.Tensor, attention_mask, fmt: ChatFormat):
+    """``[B, T]`` bool: the assistant's tokens found from the template's marker ids alone.
+
+    A token is the assistant's when it follows an assistant header and comes before or at the
+    next end-of-turn token. Independent of the rollout's bookkeeping: on an episode whose every
+    turn the policy ended itself, it must equal the ``loss_mask``. (Where a turn was cut at the
+    token limit, the rollout appends the end-of-turn token for the template, with mask 0; the
+    markers alone count it as the assistant's.)"""
+    header = list(fmt.assistant_header)
+    out = torch.zeros_like(input_ids, dtype=torch.bool)
+    for r, (row, keep) in enumerate(zip(input_ids.tolist(), attention_mask.tolist())):
+        inside = False
+        for t, token in enumerate(row):
+            if not keep[t]:
+                continue
+            if inside:
+                out[r, t] = True
+                inside = token != fmt.end_of_turn
+            elif t + 1 >= len(header) and row[t + 1 - len(header) : t + 1] == header:
+                inside = True
+    return out
+
+
+def _runs(mask: list[int]) -> list[tuple[int, int]]:
+    """``[start, end)`` of each run of equal values in ``mask``."""
+    runs, start = [], 0
+    for t in range(1, len(mask) + 1):
+        if t == len(mask) or mask[t] != mask[start]:
+            runs.append((start, t))
+            start = t
+    return runs
+
+
+def retokenization_drift(batch: Batch, tokenizer) -> dict:
+    """What a trainer that decodes each episode to text and tokenizes it again would get.
+
+    Per episode, the real ids are split into turns (runs of equal ``loss_mask``: the policy's, the
+    template's and tool's). Returns counts over the batch:
+
+    - ``episodes``, ``episodes_changed``: episodes whose re-tokenized ids differ from the sampled;
+    - ``turns``, ``turns_changed``: policy turns whose own text re-tokenizes differently (the
+      policy sampled a split the tokenizer would not make);
+    - ``boundaries``, ``boundaries_changed``: turn boundaries where the two sides' texts, joined,
+      tokenize differently from each side alone (tokens merge or split across the boundary);
+    - ``tokens``, ``tokens_after_drift``: real tokens, and how many of them sit at or after the
+      first position where the re-tokenized ids part from the sampled ones (what the loss would
+      misalign).
+    """
+    counts = dict.fromkeys(
+        ("episodes", "episodes_changed", "turns", "turns_changed", "boundaries",
+         "boundaries_changed", "tokens", "tokens_after_drift"),
+        0,
+    )
+
+    def encode(ids):
+        text = tokenizer.decode(ids, skip_special_tokens=False)
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    for row, keep, mask in zip(
+        batch.input_ids.tolist(), batch.attention_mask.tolist(), batch.loss_mask.tolist()
+    ):
+        ids = [t for t, k in zip(row, keep) if k]
+        mask = [m for m, k in zip(mask, keep) if k]
+        again = encode(ids)
+        counts["episodes"] += 1
+        counts["tokens"] += len(ids)
+        if again != ids:
+            counts["episodes_changed"] += 1
+            first = next((t for t, (a, b) in enumerate(zip(ids, again)) if a != b), None)
+            first = min(len(ids), len(again)) if first is None else first
+            counts["tokens_after_drift"] += len(ids) - first
+        runs = _runs(mask)
+        for k, (start, end) in enumerate(runs):
+            if mask[start]:
+                counts["turns"] += 1
+                counts["turns_changed"] += int(encode(ids[start:end]) != ids[start:end])
+            if k + 1 < len(runs):
+                left, right = ids[start:end], ids[end : runs[k + 1][1]]
+                counts["boundaries"] += 1
+                joined = encode(left + right)
+                counts["boundaries_changed"] += int(joined != encode(left) + encode(right))
+    return counts
