@@ -423,14 +423,14 @@ def rollout_multiturn(
             action_ids, closed = [], {}
             for i in live:
                 ids = gen[i]
-                closed[i] = True
+                # a chat turn is closed by the template's end-of-turn token only (often the EOS)
+                closed[i] = chat is None or ids[-1:] == [chat.end_of_turn]
                 if ids and ids[-1] == eos:
                     ids = ids[:-1]
                 elif stop_ids and ids[-len(stop_ids) :] == stop_ids:
                     ids = ids if keep_stop_word and chat is None else ids[: -len(stop_ids)]
                 else:
                     missing_stop[i] += 1
-                    closed[i] = False
                 action_ids.append(ids)
             # one call for the batch: each row decoded as by ``decode``
             texts = tokenizer.batch_decode(action_ids, skip_special_tokens=False)
