@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .rollout import Batch, batch_from_ids
+from .rollout import Batch, batch_from_ids, chat_prompt
 
 __all__ = [
     "ChatFormat",
@@ -139,8 +139,7 @@ class ChatFormat:
     def prompt_ids(self, user_text: str) -> list[int]:
         """The conversation's opening as the model sees it: the template's system turn (its
         default), the user's message, and the assistant's header, opened for the policy."""
-        messages = [{"role": "user", "content": user_text}]
-        text = _render(self.tokenizer, messages, generation_prompt=True)
+        text = chat_prompt(self.tokenizer, user_text)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def tool_text(self, observation: str) -> str:
