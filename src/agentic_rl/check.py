@@ -7,6 +7,12 @@ checking needs neither framework. Each case holds fixed inputs and the expected 
 combination of conventions (std estimator, epsilon and its placement, group of one, mask handling,
 aggregation, KL estimator and direction, clip bounds, ...): the combination your function reproduces
 on every case names your conventions; comparing it with the references names the difference.
+Common bugs no framework ships are added to that grid here, computed from the same inputs: for GAE
+the off-by-one bootstrap from the raw next column, a non-zero terminal value, lam without gamma,
+returns without the values, whitening with the biased variance or over the padding too; for group
+advantages the whole-batch normalisation. A failed report names the convention first, then one case
+with the first position that differs (yours vs the reference, and its row; ``·`` marks a position
+that is not compared).
 
 >>> from agentic_rl.advantages import group_advantages
 >>> check_implementation(group_advantages, "group_advantages").passed
@@ -27,13 +33,15 @@ from __future__ import annotations
 import html
 import inspect
 import itertools
-import json
 import math
 from dataclasses import dataclass, field
-from functools import lru_cache
-from importlib import resources
 
 import torch
+
+from agentic_rl.check_grid import combos as _combos
+from agentic_rl.check_grid import load_reference_cases
+from agentic_rl.check_grid import spec as _spec
+from agentic_rl.check_grid import tensor as _tensor
 
 __all__ = ["check_implementation", "CheckReport", "KINDS", "load_reference_cases"]
 
@@ -41,13 +49,6 @@ KINDS = ("group_advantages", "gae", "kl", "policy_loss", "aggregate")
 
 _EPS_NAMES = ("epsilon", "eps", "clip_ratio", "cliprange", "epsilon_low", "clip_eps")
 _EPS_HIGH_NAMES = ("epsilon_high", "clip_ratio_high", "cliprange_high", "eps_high")
-
-
-@lru_cache(maxsize=1)
-def load_reference_cases() -> dict:
-    """The reference cases (parsed JSON): ``metadata`` and, per kind, dims, references, cases."""
-    text = resources.files("agentic_rl").joinpath("data/reference_cases.json").read_text()
-    return json.loads(text)
 
 
 @dataclass
@@ -144,10 +145,6 @@ def _fn_name(fn) -> str:
     if name is None and hasattr(fn, "func"):  # functools.partial
         name = f"partial({_fn_name(fn.func)})"
     return name or type(fn).__name__
-
-
-def _tensor(x, dtype):
-    return torch.tensor(x, dtype=dtype)
 
 
 def _accepts(fn, name: str) -> bool:
@@ -284,49 +281,99 @@ def _call(kind: str, fn, case: dict, state: dict) -> list[torch.Tensor | None]:
 
 
 # ---------------------------------------------------------------------------- comparing
-def _expected(component):
-    """JSON nested lists -> (values tensor, compare mask, nan mask)."""
-    flat = component
-
-    def conv(x):
-        if isinstance(x, list):
-            return [conv(v) for v in x]
-        if x is None:
-            return (0.0, False, False)
-        if x == "nan":
-            return (0.0, True, True)
-        return (float(x), True, False)
-
-    c = conv(flat)
-
-    def pick(x, i):
-        return [pick(v, i) for v in x] if isinstance(x, list) else x[i]
-
-    return (
-        torch.tensor(pick(c, 0), dtype=torch.float64),
-        torch.tensor(pick(c, 1)),
-        torch.tensor(pick(c, 2)),
-    )
+def _bad(g: torch.Tensor, e, rtol: float, atol: float) -> torch.Tensor:
+    """The compared positions where ``g`` differs from the expected component ``e``."""
+    val, cmp, nan = e
+    ok_nan = torch.isnan(g) & nan
+    ok_val = torch.isfinite(g) & ~nan & (torch.abs(g - val) <= atol + rtol * val.abs())
+    return cmp & ~(ok_nan | ok_val)
 
 
 def _matches(got: list, expected: list, rtol: float, atol: float) -> bool:
     for g, e in zip(got, expected):
         if g is None:  # the component was not returned (GAE without returns)
             continue
-        val, cmp, nan = e
-        if g.shape != val.shape:
-            return False
-        ok_nan = torch.isnan(g) & nan
-        ok_val = torch.isfinite(g) & ~nan & (torch.abs(g - val) <= atol + rtol * val.abs())
-        if not bool(((ok_nan | ok_val) | ~cmp).all()):
+        if g.shape != e[0].shape or bool(_bad(g, e, rtol, atol).any()):
             return False
     return True
 
 
-def _fmt(x: torch.Tensor, limit: int = 8) -> str:
-    flat = x.flatten().tolist()
-    body = ", ".join("nan" if math.isnan(v) else f"{v:.4g}" for v in flat[:limit])
-    return f"[{body}{', ...' if len(flat) > limit else ''}]" if x.ndim else body
+def _num(v: float) -> str:
+    return "nan" if math.isnan(v) else f"{v:.4g}"
+
+
+def _fmt_values(x: torch.Tensor, cmp: torch.Tensor) -> str:
+    """A 1-D slice as a list, ``·`` where the position is not compared (mask 0)."""
+    return "[" + ", ".join(
+        _num(v) if c else "·" for v, c in zip(x.tolist(), cmp.tolist())
+    ) + "]"
+
+
+_WINDOW = 16  # values shown around the first difference
+
+
+def _first_difference(name: str, g: torch.Tensor, e, bad: torch.Tensor, label: str) -> str:
+    """Where ``name`` first differs: the position, yours vs ``label``'s value, and the values of
+    that row (or up to ``_WINDOW`` around it), ``·`` at positions not compared."""
+    val, cmp, _ = e
+    if g.ndim == 0:
+        return f"{name}: yours {_num(g.item())}, {label} {_num(val.item())}"
+    pos = tuple(int(k) for k in bad.nonzero()[0].tolist())
+    if g.ndim == 1:
+        where, row, col = f"index {pos[0]}", (slice(None),), pos[0]
+    else:
+        where, row, col = f"row {pos[0]}, column {pos[1]}", pos[:-1], pos[-1]
+    gr, vr, cr = g[row], val[row], cmp[row]
+    lo = max(0, min(col - _WINDOW // 4, gr.shape[0] - _WINDOW))
+    hi = min(gr.shape[0], lo + _WINDOW)
+    span = "" if (lo, hi) == (0, gr.shape[0]) else f"[{lo}:{hi}]"
+    what = f"row {pos[0]}{span}" if g.ndim == 2 else (f"values {span}" if span else "values")
+    legend = " (· = not compared, mask 0)" if not bool(cr[lo:hi].all()) else ""
+    return (
+        f"{name} first differ at {where}: yours {_num(g[pos].item())}, {label} "
+        f"{_num(val[pos].item())}; {what}{legend}: yours {_fmt_values(gr[lo:hi], cr[lo:hi])}, "
+        f"{label} {_fmt_values(vr[lo:hi], cr[lo:hi])}"
+    )
+
+
+_COMPONENTS = {
+    "group_advantages": ["the advantages"],
+    "gae": ["the advantages", "the returns"],
+    "kl": ["the per-token KL values"],
+    "policy_loss": ["the loss"],
+    "aggregate": ["the loss"],
+}
+
+
+def _describe_difference(kind: str, got: list, expected: list, rtol, atol, label: str) -> str:
+    """The first output component that differs from ``expected``, and where."""
+    names = _COMPONENTS[kind]
+    same = []
+    for k, (g, e) in enumerate(zip(got, expected)):
+        if g is None:
+            continue
+        bad = _bad(g, e, rtol, atol)
+        if not bool(bad.any()):
+            same.append(k)
+            continue
+        text = _first_difference(names[k], g, e, bad, label)
+        if kind == "gae" and k == 1 and 0 in same:
+            text = text.replace(
+                "the returns first differ at",
+                "the advantages match; the returns differ (returns must be advantages + values), "
+                "first at",
+                1,
+            )
+        return text
+    return "the outputs differ"
+
+
+def _short_label(label: str) -> str:
+    return label.split(" (")[0]
+
+
+def _case_title(case: dict) -> str:
+    return f"{case['name']!r} ({case['note'].split(';')[0]})"
 
 
 # ---------------------------------------------------------------------------- the check
@@ -343,7 +390,7 @@ def check_implementation(fn, kind: str, *, expect=None) -> CheckReport:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     if not callable(fn):
         raise ValueError(f"fn must be callable, got {type(fn).__name__}")
-    spec = load_reference_cases()["kinds"][kind]
+    spec = _spec(kind)
     expect = _expected_references(spec, kind, expect)
     name = _fn_name(fn)
     report = CheckReport(kind=kind, function=name, passed=False, signature=spec["signature"])
@@ -447,7 +494,7 @@ def _run_case(kind: str, fn, case: dict, state: dict, name: str, report: CheckRe
             f"{name} raised {type(exc).__name__}: {exc} on case {case['name']!r} ({case['note']})"
         )
         return None
-    outs = [[_expected(comp) for comp in o] for o in case["outputs"]]
+    outs = case["expected"]
     return got, outs, [_matches(got, o, case["rtol"], case["atol"]) for o in outs]
 
 
@@ -496,10 +543,15 @@ def _closest(spec: dict, expect: list[str], grid_ok: list, ran: list[int]) -> _C
     counts = [sum(grid_ok[i][j] for i in ran) for j in range(len(grid))]
     best = max(counts)
     cand = [j for j in range(len(grid)) if counts[j] == best]
+    near = {(d["name"], o["name"]): o.get("near") for d in dims for o in d["options"]}
 
     def distance(j, r):
         o = dict(zip([d["name"] for d in dims], grid[j]))
-        return sum(1 for d, v in refs[r]["dims"].items() if v is not None and o[d] != v)
+        return sum(
+            0.5 if near[d, o[d]] == v else 1
+            for d, v in refs[r]["dims"].items()
+            if v is not None and o[d] != v
+        )
 
     j_best, r_best = min(((j, r) for j in cand for r in expect), key=lambda jr: distance(*jr))
     target = [j for j in cand if distance(j, r_best) == distance(j_best, r_best)]
@@ -514,54 +566,102 @@ def _option_text(dim: dict, options) -> str:
 
 
 def _explain(spec, expect, runs: _Runs, ran, closest: _Closest, report, *, matched_any: bool):
-    """The report's prose for a function that failed: each convention that differs from the
-    closest reference, each case no convention explains, and the function's own convention."""
+    """The report's prose for a function that failed: first each convention that differs from
+    the closest reference, then one case with the numbers that show it (or the first case no
+    convention explains), and the function's own convention when it is no reference's."""
     dims, label = spec["dims"], spec["references"][closest.ref]["label"]
-    report.differences += _convention_differences(dims, spec["references"], expect, closest)
+    named = _convention_differences(spec, expect, closest)
+    report.differences += named
     if not closest.all_cases:
         report.differences += _unexplained_cases(spec, runs, ran, closest)
+    elif named:
+        shown = _evidence(spec, runs, ran, closest.ref)
+        if shown:
+            report.differences.append(shown)
     if not report.differences:
         report.differences.append(f"your output differs from {label} on the cases marked below")
     if not matched_any:
+        moot = {dn for c in _combos(spec, closest) for dn in c[2]}
         desc = [
             f"{d['label']}: " + _option_text(d, closest.yours[d["name"]])
             for d in dims
-            if len(closest.yours[d["name"]]) < len(d["options"])
+            if len(closest.yours[d["name"]]) < len(d["options"]) and d["name"] not in moot
+            and not (d.get("extra") and closest.yours[d["name"]] == [d["options"][0]["name"]])
         ]
         if closest.all_cases and desc:
             report.matches = ["no reference; your convention: " + "; ".join(desc)]
     report.notes.append(f"closest expected reference: {label}")
 
 
-def _convention_differences(dims, refs, expect, closest: _Closest) -> list[str]:
+def _convention_differences(spec, expect, closest: _Closest) -> list[str]:
     """One sentence per dimension where the function's convention is not the closest
-    reference's, naming the other expected references that share the reference's."""
-    r_best, out = closest.ref, []
+    reference's (or one per known combination of them), naming at most two other expected
+    references that share the reference's convention."""
+    dims, refs, r_best = spec["dims"], spec["references"], closest.ref
+    differ = {
+        d["name"]: refs[r_best]["dims"][d["name"]]
+        for d in dims
+        if refs[r_best]["dims"].get(d["name"]) is not None
+        and refs[r_best]["dims"][d["name"]] not in closest.yours[d["name"]]
+    }
+    out = []
+    for when, text, _ in _combos(spec, closest):
+        out.append(text.format(ref=_short_label(refs[r_best]["label"])))
+        for dn in when:
+            differ.pop(dn, None)
     for d in dims:
         dn = d["name"]
-        want = refs[r_best]["dims"].get(dn)
-        if want is None or want in closest.yours[dn]:
+        if dn not in differ:
             continue
-        also = [refs[r]["label"] for r in expect if r != r_best and refs[r]["dims"].get(dn) == want]
+        want = differ[dn]
+        also = [r for r in expect if r != r_best and refs[r]["dims"].get(dn) == want]
         theirs = f"{refs[r_best]['label']} uses {_option_text(d, [want])}"
         if also:
-            theirs += f" (so do {', '.join(also)})"
+            theirs += f" ({_also(refs, r_best, also)})"
         out.append(f"{d['label']}: yours is {_option_text(d, closest.yours[dn])}; {theirs}")
     return out
 
 
-def _unexplained_cases(spec, runs: _Runs, ran, closest: _Closest) -> list[str]:
-    """One sentence per case the closest convention does not reproduce: yours vs the reference."""
-    label, out = spec["references"][closest.ref]["label"], []
+def _also(refs: dict, r_best: str, also: list[str]) -> str:
+    """"so do ..." naming one reference of each other framework, then how many more agree."""
+    fw, mine = {r_best.split("-")[0]}, refs[r_best]["dims"]
+    named = []
+    for r in sorted(also, key=lambda r: sum(v != mine.get(d) for d, v in refs[r]["dims"].items())):
+        if r.split("-")[0] not in fw:
+            fw.add(r.split("-")[0])
+            named.append(refs[r]["label"])
+    named = named[:2] or [refs[also[0]]["label"]]
+    more = len(also) - len(named)
+    text = ("so does " if len(also) == 1 else "so do ") + " and ".join(named)
+    return text + (f", and {more} more" if more else "")
+
+
+def _evidence(spec, runs: _Runs, ran, ref: str) -> str | None:
+    """The first case where the function and the reference ``ref`` differ, with the numbers."""
+    label = _short_label(spec["references"][ref]["label"])
     for i in ran:
-        if runs.grid_ok[i][closest.point]:
+        if runs.ref_ok[i][ref]:
             continue
-        c = runs.cases[i]
-        val, cmp, _ = c["outs"][spec["cases"][i]["refs"][closest.ref]][0]
-        got = c["got"][0]
-        out.append(
-            f"on case {c['name']!r} ({c['note']}) your output matches no known "
-            f"convention: got {_fmt(torch.where(cmp, got, torch.nan))}, "
-            f"{label} gives {_fmt(torch.where(cmp, val, torch.nan))}"
-        )
-    return out
+        case, c = spec["cases"][i], runs.cases[i]
+        exp = case["expected"][case["refs"][ref]]
+        where = _describe_difference(spec["kind"], c["got"], exp, case["rtol"], case["atol"], label)
+        return f"e.g. on case {_case_title(case)}: {where}"
+    return None
+
+
+def _unexplained_cases(spec, runs: _Runs, ran, closest: _Closest) -> list[str]:
+    """The first case the closest convention does not reproduce: where yours and the closest
+    reference first differ, with the values around it; the other such cases by name."""
+    label = _short_label(spec["references"][closest.ref]["label"])
+    bad = [i for i in ran if not runs.grid_ok[i][closest.point]]
+    if not bad:
+        return []
+    i = bad[0]
+    case, c = spec["cases"][i], runs.cases[i]
+    exp = case["expected"][case["refs"][closest.ref]]
+    where = _describe_difference(spec["kind"], c["got"], exp, case["rtol"], case["atol"], label)
+    text = f"on case {_case_title(case)} your output matches no known convention: {where}"
+    if len(bad) > 1:
+        others = ", ".join(repr(spec["cases"][k]["name"]) for k in bad[1:])
+        text += f" (nor on case{'s' if len(bad) > 2 else ''} {others})"
+    return [text]
