@@ -4,6 +4,8 @@
   ``bibtex_reference_style: author_year`` ("Shao et al., 2024"), instead of alpha labels ("SWZ+24").
 - Launch buttons (Colab) only on pages that are notebooks (``labs/*.ipynb``). The chapters are MyST
   Markdown files; the theme would send Colab to the ``.md`` source, which Colab cannot open.
+- The lecture slides (``book/slides/build_slides.py``) are built into ``<site>/slides/`` after a
+  successful HTML build, loading the site's own MathJax copy (``_static/mathjax``).
 """
 
 from __future__ import annotations
@@ -66,7 +68,24 @@ def _launch_buttons_only_on_notebooks(app, pagename, templatename, context, doct
     ]
 
 
+def build_slides(app, exception):
+    """``build-finished``: the lecture decks into ``<outdir>/slides/`` (HTML builds that passed)."""
+    if exception is not None or app.builder.name != "html":
+        return
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "slides" / "build_slides.py"
+    spec = importlib.util.spec_from_file_location("build_slides", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # sphinx-mathjax-offline copies MathJax to _static/mathjax; tex-svg.js needs no font files
+    module.build(out=pathlib.Path(app.outdir) / "slides", mathjax="none",
+                 mathjax_src="../_static/mathjax/tex-svg.js")
+
+
 def setup(app):
     # after sphinx-book-theme's add_launch_buttons (priority 501)
     app.connect("html-page-context", _launch_buttons_only_on_notebooks, priority=502)
+    app.connect("build-finished", build_slides)
     return {"parallel_read_safe": True, "parallel_write_safe": True}
