@@ -1,144 +1,208 @@
-"""The graded assignments' autograders, graded themselves.
+"""The graded assignments, graded themselves: the release, then a class of generated submissions.
 
-Each autograder (``labs/assignments/<chapter>/test_<chapter>_assignment.py``) runs in a subprocess,
-as a student runs it, twice: against the student notebook as shipped (stubs that raise
-``NotImplementedError``: every check must fail, with one sentence naming the function and no
-traceback from the grader) and against the reference solution in ``solutions/`` (every check must
-pass). A third run feeds a solution with a planted bug and expects a sentence naming what differs.
+For every assignment (``labs/assignments/<a>/answer_key/``):
+
+- ``release.py`` builds the student release from the master with otter assign: the repository's
+  student notebook is that release, up to date, and no line of any solution is in it;
+- ``grade.py`` grades a folder of generated submissions into a CSV, through ``otter run``:
+  the reference solution gets every point, the notebook as shipped none; each planted typical bug
+  gets exactly the points its ``cases.json`` states (and its feedback names the bug); a syntax
+  error in one question's cell costs only that question (and those stated to use its function);
+  a submission that imports the package's answer gets no credit for it and is flagged.
 """
 
 from __future__ import annotations
 
+import csv
 import importlib.util
-import os
+import json
 import pathlib
-import re
-import subprocess
-import sys
 
-import jupytext
+import nbformat
 import pytest
-from jupytext.compare import compare_notebooks
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 ASSIGNMENTS = ROOT / "labs" / "assignments"
 
-#: chapter -> the functions its student notebook must define (each must appear in a failure message)
-FUNCTIONS = {
-    "grpo": ["group_advantages", "aggregate", "clipped_token_loss"],
-    "gae": ["gae", "masked_whiten", "value_loss"],
-    "retool": ["tool_output_mask", "spurious_logit_gradient", "resample_on_correct"],
-    "starpo": ["reward_std_filter", "distinct_per_group", "expected_bandit_gradient"],
-    "rcgrpo": ["draw_conditions", "zero_std_fraction", "expected_group_variance"],
-    "gcd": ["risky_advantage_weight", "judgement_labels", "gradient_cosine"],
-    "gigpo": ["discounted_returns", "anchor_groups", "gigpo_advantages"],
-    "early_experience": ["keep_alternatives", "world_model_row", "reflection_row"],
-}
 
-#: a planted bug per chapter (a line of the solution replaced), and what the grader must say
-BUGS = {
-    "grpo": ("std = s[rows].std() if", "std = s[rows].std(unbiased=False) if",
-             "`group_advantages` is wrong for rewards (1, 0, 0, 1) in one group: the std must be "
-             "the unbiased one"),
-    "gae": ("next_value = torch.where(m[:, t] > 0, values[:, t], next_value)",
-            "next_value = values[:, t]",
-            "`gae` is wrong for a row with observation tokens (mask 0) between the actions"),
-    "retool": ("after_first = sampled.long().cumsum(-1) > 0",
-               "after_first = torch.ones_like(sampled)",
-               "`tool_output_mask` is wrong for the chapter's right-padded row (prompt, code, "
-               "interpreter output, answer, padding): it marks 7 token(s) before the row's first "
-               "policy token"),
-    "starpo": ("s.std().item() if", "s.std(unbiased=False).item() if",
-               "`reward_std_filter` is wrong for top_k 0.5 over a group of 4 (scores 0, 0, 1, 1) "
-               "and a group of 2 (scores 0, 1): the std must be the unbiased one (Bessel's "
-               "correction, as torch.std), 0.577 against 0.707, so the group of 2 ranks first: it "
-               "kept group(s) [0], expected [1]"),
-    "rcgrpo": ("return (group_size - 1) / group_size * var", "return var",
-               "`expected_group_variance` is wrong for group_size 4, p_high 0.5, success_high 0.9, "
-               "success_low 0.2: it gave 0.2475, the exact expectation is 0.185625. It is G / (G - "
-               "1) = 4/3 times too large: that is the variance of one reward, m (1 - m) with m = p "
-               "qh + (1 - p) ql = 0.55, but sigma^2 is taken around the group's own mean, which "
-               "takes 1/G of it away"),
-    "gcd": ("return (group_size - 1) / group_size * value", "return value",
-            ("`risky_advantage_weight` is wrong for q 0.5, r 0.4, group_size 8: it gave -0.1, eq. "
-             "gcd-lemma-group gives -0.0875. It is the expected-reward baseline's q r (q - 1): "
-             "GRPO's group mean includes the episode itself, which takes 1/G of its own reward out "
-             "of its advantage and leaves (G - 1) / G = 7/8 of the value")),
-    "gigpo": ("key = (group, anchor)", "key = anchor",
-              "`anchor_groups` is wrong for two episode groups that both reach state 'S': step "
-              "groups never cross episode groups (each episode group has its own initial state "
-              "and its own step groups)"),
-    "early_experience": (
-        "if action in seen or next_state == expert_next_state:", "if action in seen:",
-        "`keep_alternatives` is wrong for a proposal with another action but the expert's next "
-        "state, expert action 'go to shelf': it kept actions ['go to shelf 1', 'go to fridge'], "
-        "expected ['go to fridge', 'put potato in fridge']. It kept a proposal whose next state is "
-        "the expert's: such a proposal teaches nothing the expert's own transition does not"),
-}
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, ASSIGNMENTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-def _grade(chapter: str, notebook: pathlib.Path | None) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("ASSIGNMENT_NOTEBOOK", None)
-    if notebook is not None:
-        env["ASSIGNMENT_NOTEBOOK"] = str(notebook)
-    return subprocess.run(
-        [sys.executable, "-m", "pytest", f"labs/assignments/{chapter}", "-q", "-n", "0",
-         "-p", "no:cacheprovider"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )
+release = _load("release")
+grade = _load("grade")
+NAMES = [a for a in release.ASSIGNMENTS if release.master(a).exists()]
 
 
-def _no_grader_traceback(out: str) -> None:
-    assert "Traceback" not in out, out
-    assert not re.search(r"\.py:\d+: ", out), f"a traceback line of the grader leaked:\n{out}"
-    assert "During handling of the above exception" not in out, out
+def _cases(assignment: str) -> dict:
+    return json.loads((ASSIGNMENTS / assignment / "answer_key" / "cases.json").read_text())
 
 
-@pytest.mark.parametrize("chapter", sorted(FUNCTIONS))
-def test_student_notebook_is_paired_and_unsolved(chapter):
-    nb_path = ASSIGNMENTS / chapter / f"{chapter}_assignment.ipynb"
-    twin = nb_path.with_suffix(".md")
-    compare_notebooks(jupytext.read(twin), jupytext.read(nb_path), fmt="md:myst",
-                      allow_expected_differences=True)
-    graded = [c.source for c in jupytext.read(nb_path).cells
-              if "graded" in c.metadata.get("tags", [])]
-    for fn in FUNCTIONS[chapter]:
-        cell = next((src for src in graded if f"def {fn}(" in src), None)
-        assert cell is not None, f"no graded cell defines {fn}"
-        assert "raise NotImplementedError" in cell, f"the student's {fn} must be a stub"
+@pytest.fixture(scope="module", params=NAMES)
+def built(request, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"release-{request.param}")
+    return request.param, release.build(request.param, out)
 
 
-@pytest.mark.parametrize("chapter", sorted(FUNCTIONS))
-def test_autograder_fails_the_stubs_by_name(chapter):
-    proc = _grade(chapter, None)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
-    assert " passed" not in out.splitlines()[-1], f"a check passed on the stubs:\n{out}"
-    for fn in FUNCTIONS[chapter]:
-        assert f"`{fn}` is not implemented yet" in out, f"{fn} not named:\n{out}"
-    _no_grader_traceback(out)
+def _cells(path: pathlib.Path):
+    nb = nbformat.read(path, as_version=4)
+    return [(c.cell_type, c.source) for c in nb.cells], nb.metadata.get("otter")
 
 
-@pytest.mark.parametrize("chapter", sorted(FUNCTIONS))
-def test_autograder_passes_the_solution(chapter):
-    solution = ASSIGNMENTS / chapter / "solutions" / f"{chapter}_solution.md"
-    proc = _grade(chapter, solution)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def test_student_notebook_is_the_release_and_has_no_solution(built):
+    assignment, paths = built
+    name = f"{assignment}_assignment.ipynb"
+    committed = ASSIGNMENTS / assignment / name
+    assert _cells(committed) == _cells(paths["student"] / name), (
+        f"{committed.relative_to(ROOT)} is not the release of its master: run "
+        f"`python labs/assignments/release.py {assignment} --update`")
+    assert not release.leaks(assignment, paths["student"])
+    text = committed.read_text()
+    assert not [line for line in release.solution_lines(assignment) if line in text]
+    assert "hidden" not in json.dumps(_cells(committed)[1] or {}).replace('"hidden": false', "")
+    assert not (paths["student"] / "answer_key").exists()
+    assert not list(paths["student"].glob("*_checks.py"))
+    assert not list(paths["student"].glob("*_reference.json"))
 
 
-@pytest.mark.parametrize("chapter", sorted(BUGS))
-def test_autograder_names_a_planted_bug(chapter, tmp_path):
-    old, new, sentence = BUGS[chapter]
-    text = (ASSIGNMENTS / chapter / "solutions" / f"{chapter}_solution.md").read_text()
-    assert text.count(old) == 1
-    buggy = tmp_path / f"{chapter}_buggy.md"
-    buggy.write_text(text.replace(old, new))
-    proc = _grade(chapter, buggy)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 1, out
-    assert sentence in " ".join(out.split()), out
-    if chapter == "grpo" and importlib.util.find_spec("agentic_rl.check"):
-        # the package's checker names the convention: the std estimator
-        assert "std estimator: yours is the biased group std" in " ".join(out.split()), out
-    _no_grader_traceback(out)
+def _edit(solution: dict, function: str, edit) -> dict:
+    nb = json.loads(json.dumps(solution))
+    hits = 0
+    for cell in nb["cells"]:
+        source = "".join(cell["source"]) if isinstance(cell["source"], list) else cell["source"]
+        if cell["cell_type"] == "code" and f"def {function}(" in source:
+            cell["source"] = edit(source)
+            hits += 1
+    assert hits == 1, f"{hits} cells define {function}"
+    return nb
+
+
+def _submissions(assignment: str, solution: pathlib.Path, folder: pathlib.Path) -> dict:
+    """Write the reference, each planted bug, a syntax error and a cheat; return expectations."""
+    cases = _cases(assignment)
+    sol = json.loads(solution.read_text())
+    expect = {"reference": {"bug": None}, "stubs": {"bug": None}}
+    (folder / "reference.ipynb").write_text(json.dumps(sol))
+    shipped = ASSIGNMENTS / assignment / f"{assignment}_assignment.ipynb"
+    (folder / "stubs.ipynb").write_text(shipped.read_text())
+    for k, bug in enumerate(cases["bugs"]):
+        def edit(source, bug=bug):
+            if "replace" in bug:
+                return bug["replace"]
+            assert bug["old"] in source, f"{assignment}: {bug['name']}: {bug['old']!r} not found"
+            return source.replace(bug["old"], bug["new"])
+        nb = _edit(sol, bug["function"], edit)
+        (folder / f"bug{k}.ipynb").write_text(json.dumps(nb))
+        expect[f"bug{k}"] = {"bug": bug}
+    syntax = cases["syntax"]
+    nb = _edit(sol, syntax["function"], lambda s: s.rstrip() + "\n    return (\n")
+    (folder / "syntax.ipynb").write_text(json.dumps(nb))
+    expect["syntax"] = {"lost": syntax["lost"]}
+    cheat = cases["cheat"]
+    nb = _edit(sol, cheat["function"], lambda s: cheat["code"])
+    (folder / "cheat.ipynb").write_text(json.dumps(nb))
+    expect["cheat"] = {"flagged": cheat["flagged"]}
+    return expect
+
+
+def test_a_class_is_graded_into_a_csv(built, tmp_path):
+    assignment, paths = built
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    expect = _submissions(assignment, paths["solution"], folder)
+    out = tmp_path / "grades.csv"
+    rows = grade.grade_folder([folder], out, tmp_path / "feedback",
+                              paths["autograder"].parent, jobs=2)  # two otter processes
+    by_student = {r["student"]: r for r in rows}
+    assert set(by_student) == set(expect)
+    full = {q: v["possible"] for q, v in by_student["reference"]["questions"].items()}
+    assert full and all(v > 0 for v in full.values())
+    got = {s: {q: v["score"] for q, v in r["questions"].items()} for s, r in by_student.items()}
+    assert all(not r["error"] for r in rows), [r["error"] for r in rows]
+
+    assert got["reference"] == full, "the reference solution must get every point"
+    assert set(got["stubs"].values()) == {0.0}, f"the stubs as shipped earned {got['stubs']}"
+    for student, e in expect.items():
+        if e.get("bug"):
+            bug = e["bug"]
+            assert got[student] == {q: float(p) for q, p in bug["points"].items()}, (
+                f"{assignment}: the planted bug '{bug['name']}' earned {got[student]}")
+            for q, words in bug.get("feedback", {}).items():
+                feedback = by_student[student]["questions"][q]["feedback"]
+                assert words in feedback.split(". ")[0] + feedback, (q, feedback)
+    lost = {q for q in full if got["syntax"][q] < full[q]}
+    assert lost == set(expect["syntax"]["lost"]), f"a syntax error cost {sorted(lost)}"
+    flagged = {q for q, v in by_student["cheat"]["questions"].items() if v["flagged"]}
+    assert flagged == set(expect["cheat"]["flagged"])
+    assert all(got["cheat"][q] == 0 for q in flagged)
+    assert all(got["cheat"][q] == full[q] for q in full if q not in flagged)
+
+    with out.open() as handle:
+        table = list(csv.DictReader(handle))
+    assert {r["student"] for r in table} == set(expect)
+    ref = next(r for r in table if r["student"] == "reference")
+    assert float(ref["total"]) == float(ref["possible"]) == sum(full.values())
+    assert next(r for r in table if r["student"] == "cheat")["flagged"] == " ".join(
+        sorted(expect["cheat"]["flagged"], key=grade._order))
+    report = (tmp_path / "feedback" / "cheat.md").read_text()
+    assert "flagged" in report and grade.FLAGGED in report
+
+
+def test_grade_refuses_what_it_cannot_grade(tmp_path, capsys):
+    assert grade.main([str(tmp_path / "nowhere")]) == 2
+    assert "not found" in capsys.readouterr().err
+    (tmp_path / "mystery.ipynb").write_text(json.dumps(nbformat.v4.new_notebook()))
+    assert grade.main([str(tmp_path / "mystery.ipynb")]) == 1
+    assert "which assignment" in capsys.readouterr().err
+    with pytest.raises(release.ReleaseError, match="unknown assignment"):
+        release.master("nope")
+
+
+def test_integrity_flags_the_package_answer_and_nothing_else(tmp_path):
+    import inspect
+    import sys
+
+    sys.path.insert(0, str(ASSIGNMENTS))
+    try:
+        import gradelib
+    finally:
+        sys.path.pop(0)
+    answers = ("agentic_rl.advantages:group_advantages",)
+
+    def flagged(source: str, name: str = "group_advantages") -> str:
+        namespace: dict = {"__name__": "__main__"}
+        exec(compile(source, "<cell>", "exec"), namespace)  # noqa: S102 - test code
+        try:
+            gradelib.integrity(namespace[name], name, answers)
+        except AssertionError as err:
+            return str(err)
+        return ""
+
+    from agentic_rl import advantages
+
+    assert "package's own" in flagged("from agentic_rl.advantages import group_advantages")
+    assert "calls the package's answer" in flagged(
+        "import agentic_rl.advantages as A\n"
+        "def group_advantages(s, g):\n    return A.group_advantages(s, g)\n")
+    assert "calls the package's answer" in flagged(  # through a helper of the notebook
+        "from agentic_rl.advantages import group_advantages as ref\n"
+        "def helper(s, g):\n    return ref(s, g)\n"
+        "def group_advantages(s, g):\n    return helper(s, g)\n")
+    copied = inspect.getsource(advantages.group_advantages).replace("scores", "rewards")
+    path = tmp_path / "student_copy.py"  # the copy check reads the source: give it a file
+    path.write_text("import torch\nfrom agentic_rl.advantages import _group_index, group_stats\n"
+                    + copied)
+    spec = importlib.util.spec_from_file_location("student_copy", path)
+    student = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(student)
+    with pytest.raises(AssertionError, match="copy of the package"):
+        gradelib.integrity(student.group_advantages, "group_advantages", answers)
+    # the package's other objects (a helper, a dataclass) are allowed, and honest code passes
+    assert not flagged("from agentic_rl.advantages import masked_mean\n"
+                       "def group_advantages(s, g):\n    return masked_mean(s, g)\n")
+    assert not flagged("def group_advantages(s, g):\n    return s - s.mean()\n")
+    assert flagged("from agentic_rl.advantages import group_advantages").startswith(
+        gradelib.FLAGGED)

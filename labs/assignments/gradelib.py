@@ -1,0 +1,316 @@
+"""What the hidden tests of every assignment share (carried in each autograder, not in the release).
+
+A hidden test in a master notebook is one line, e.g. ``import grpo_checks as C;
+C.unbiased_std(globals())``. Each check is a function of the notebook's namespace, made with
+:func:`check`, which
+
+1. finds the student's function by name (a clear sentence when it is missing or still a stub);
+2. refuses credit, with a message that starts with :data:`FLAGGED`, when the function is the
+   package's answer: imported from it, calling it, or a copy of its source (:func:`integrity`);
+3. runs the check, whose failure is an ``AssertionError`` of one short paragraph: the first
+   sentence says what is wrong, the rest shows the case and the numbers.
+
+Expected values come from :class:`References`, data the autograder carries (recorded once from the
+package by ``python labs/assignments/release.py --record``), never from importing the answer
+functions at grading time: a student has the package installed too.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import hashlib
+import importlib
+import inspect
+import json
+import os
+import pathlib
+import textwrap
+import traceback
+import types
+
+#: the first word of every integrity failure; ``grade.py`` looks for it to flag a question
+FLAGGED = "FLAGGED"
+#: set to a file path by ``release.py --record``: expected values are computed and written there
+RECORD_ENV = "AGENTIC_RL_RECORD"
+
+
+class CheckFailed(AssertionError):
+    """A check failed; the message is the feedback the student reads."""
+
+
+def fail(message: str) -> None:
+    raise CheckFailed(message)
+
+
+# --- finding and calling the student's function -------------------------------------------------
+
+
+def student_function(ns: dict, name: str):
+    fn = ns.get(name)
+    if not callable(fn):
+        fail(f"`{name}` is not defined: keep it, with its name, in the cell of its question "
+             "(a syntax error in that cell also leaves it undefined).")
+    return fn
+
+
+def call(fn, name: str, *args, **kwargs):
+    """Call the student's ``fn``; any exception becomes a one-sentence failure."""
+    try:
+        result = fn(*args, **kwargs)
+        if result is None:
+            message = (f"`{name}` returned None: it is not implemented yet (the release's stub "
+                       "`...` returns None), or it lacks a `return`.")
+        else:
+            return result
+    except NotImplementedError:
+        message = f"`{name}` is not implemented yet (it raises NotImplementedError)."
+    except CheckFailed:
+        raise
+    except Exception as err:
+        frames = [f for f in traceback.extract_tb(err.__traceback__)
+                  if not f.filename.endswith(("gradelib.py", "_checks.py"))]
+        where = f" at line {frames[-1].lineno} of its cell" if frames else ""
+        message = f"`{name}` raised {type(err).__name__}{where}: {err}"
+    fail(message)
+
+
+def expect_close(name: str, got, want, what: str, *, atol: float = 1e-6, rtol: float = 1e-5,
+                 hint="") -> None:
+    """Fail with a sentence unless tensor ``got`` matches ``want``; ``hint`` may be a callable."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        fail(f"`{name}` should return a torch.Tensor for {what}, got {type(got).__name__}.")
+    if tuple(got.shape) != tuple(want.shape):
+        fail(f"`{name}` returned shape {tuple(got.shape)} for {what}; expected "
+             f"{tuple(want.shape)}.")
+    got64, want64 = got.detach().double(), want.detach().double()
+    if not torch.allclose(got64, want64, atol=atol, rtol=rtol, equal_nan=False):
+        diff = (got64 - want64).abs().nan_to_num(float("inf"))
+        idx = diff.flatten().argmax().item()
+        where = f" at position {tuple(divmod(idx, got.shape[-1]))}" if got.ndim == 2 else (
+            f" at index {idx}" if got.ndim == 1 else "")
+        hint = hint() if callable(hint) else hint
+        fail(f"`{name}` is wrong for {what}:{where} it gave {got64.flatten()[idx].item():.6g}, "
+             f"expected {want64.flatten()[idx].item():.6g}.{hint}")
+
+
+def convention_hint(fn, kind: str) -> str:
+    """The first sentence of ``agentic_rl.check``'s diagnosis of ``fn``, or ''.
+
+    Only an explanation, asked for once a check has failed: it never grants credit."""
+    try:
+        from agentic_rl.check import check_implementation
+
+        report = check_implementation(fn, kind)
+    except Exception:
+        return ""
+    if getattr(report, "passed", True):
+        return ""
+    differences = getattr(report, "differences", []) or []
+    return f" The checker says: {differences[0]}" if differences else ""
+
+
+# --- integrity: no credit for the package's own answer -----------------------------------------
+
+
+def _normalised(source: str) -> str:
+    """The AST of one function with names, strings and the function's own name erased."""
+    tree = ast.parse(textwrap.dedent(source))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(
+                    getattr(body[0], "value", None), ast.Constant) and isinstance(
+                    body[0].value.value, str):
+                node.body = body[1:] or [ast.Pass()]
+            if hasattr(node, "name"):
+                node.name = "_"
+        if isinstance(node, ast.Name):
+            node.id = "_"
+        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg is not None:
+            node.arg = "_"
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            node.value = ""  # messages and docstrings; attribute names (torch calls) are kept
+    return ast.dump(tree, annotate_fields=False, include_attributes=False)
+
+
+def _resolve(dotted: str):
+    module, _, attr = dotted.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
+
+
+def _code_objects(code: types.CodeType):
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _reaches_answer(fn, refs: list) -> str:
+    """How ``fn`` (or a notebook function it calls) reaches one of ``refs``, or ''.
+
+    A global that is an answer, or a module of an answer whose attribute the code names
+    (``L.aggregate``, ``agentic_rl.losses.aggregate``). Other objects of the package (a dataclass,
+    an environment) are allowed."""
+    todo, seen = [fn], set()
+    while todo:
+        f = todo.pop()
+        if id(f) in seen or not hasattr(f, "__code__"):
+            continue
+        seen.add(id(f))
+        names = {n for c in _code_objects(f.__code__) for n in c.co_names}
+        for n in sorted(names):
+            obj = f.__globals__.get(n)
+            for dotted, ref in refs:
+                module, _, attr = dotted.partition(":")
+                if obj is ref:
+                    return f"it calls the package's answer `{n}` (`{dotted}`)"
+                if isinstance(obj, types.ModuleType) and module.startswith(obj.__name__) and (
+                        attr in names):
+                    return f"it calls the package's answer `{dotted}` through `{n}`"
+            if isinstance(obj, types.FunctionType) and obj.__module__ == f.__module__:
+                todo.append(obj)  # a helper defined in the notebook: look inside it too
+    return ""
+
+
+def integrity(fn, name: str, answers: tuple[str, ...]) -> None:
+    """Refuse credit (an ``AssertionError`` starting with FLAGGED) for the package's answer.
+
+    ``answers`` are the package's functions that answer this question, as ``"module:function"``.
+    Flagged: ``fn`` is one of them or is defined in the package; ``fn``'s code reaches one of them
+    (or their module) through its globals; ``fn``'s source is one of theirs up to names and
+    docstrings."""
+    refs = []
+    for dotted in answers:
+        try:
+            refs.append((dotted, _resolve(dotted)))
+        except (ImportError, AttributeError):  # the package is absent: nothing to copy from
+            continue
+    why = ""
+    module = getattr(fn, "__module__", "") or ""
+    if any(fn is ref for _, ref in refs) or module.split(".")[0] == "agentic_rl":
+        why = f"it is the package's own `{module}.{getattr(fn, '__name__', name)}`"
+    code = getattr(fn, "__code__", None)
+    if not why and code is not None:
+        why = _reaches_answer(fn, refs)
+    if not why and code is not None:
+        try:
+            mine = _normalised(inspect.getsource(fn))
+        except (OSError, TypeError, SyntaxError):
+            mine = None
+        for dotted, ref in refs:
+            try:
+                theirs = _normalised(inspect.getsource(ref))
+            except (OSError, TypeError, SyntaxError):
+                continue
+            if mine is not None and mine == theirs:
+                why = f"its code is a copy of the package's `{dotted}`"
+                break
+    if why:
+        fail(f"{FLAGGED}: no credit for `{name}`: {why}. Write it yourself; the package's "
+             "version is the reference your answer is graded against.")
+
+
+def check(name: str, answers: tuple[str, ...] = ()):
+    """Make ``body(fn, *params)`` a check of the student's ``name``: ``check(ns, *params)``."""
+    def decorate(body):
+        @functools.wraps(body)
+        def run(ns: dict, *params) -> None:
+            fn = student_function(ns, name)
+            integrity(fn, name, answers)
+            wants_ns = "ns" in inspect.signature(body).parameters
+            body(fn, *params, **({"ns": ns} if wants_ns else {}))
+        return run
+    return decorate
+
+
+# --- expected values the autograder carries -----------------------------------------------------
+
+
+def _key(name: str, args, kwargs) -> str:
+    """A stable digest of a call: tensors by dtype, shape and bytes; the rest by repr."""
+    import torch
+
+    digest = hashlib.sha256(name.encode())
+
+    def feed(x):
+        if isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            digest.update(f"T{t.dtype}{tuple(t.shape)}".encode())
+            digest.update(t.numpy().tobytes() if t.numel() else b"")
+        elif isinstance(x, (list, tuple)):
+            digest.update(f"{type(x).__name__}{len(x)}(".encode())
+            for item in x:
+                feed(item)
+            digest.update(b")")
+        elif isinstance(x, dict):
+            digest.update(b"{")
+            for k in sorted(x, key=repr):
+                feed(k)
+                feed(x[k])
+            digest.update(b"}")
+        else:
+            digest.update(repr(x).encode())
+
+    feed(list(args))
+    feed(dict(kwargs))
+    return digest.hexdigest()[:24]
+
+
+def _encode(value):
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return {"tensor": value.detach().cpu().tolist(), "dtype": str(value.dtype)[6:]}
+    if isinstance(value, (list, tuple)):
+        return {"list": [_encode(v) for v in value]}
+    if isinstance(value, dict):
+        return {"dict": {k: _encode(v) for k, v in value.items()}}
+    return {"value": value}
+
+
+def _decode(obj):
+    import torch
+
+    if "tensor" in obj:
+        return torch.tensor(obj["tensor"], dtype=getattr(torch, obj["dtype"]))
+    if "list" in obj:
+        return [_decode(v) for v in obj["list"]]
+    if "dict" in obj:
+        return {k: _decode(v) for k, v in obj["dict"].items()}
+    return obj["value"]
+
+
+class References:
+    """Expected outputs of the package's reference functions on the checks' fixed inputs.
+
+    ``References(path, {"group_advantages": "agentic_rl.advantages:group_advantages"})``;
+    ``refs("group_advantages", scores, ids, scale="group")`` returns the value recorded for exactly
+    those arguments. With ``$AGENTIC_RL_RECORD`` set to a file, it calls the package instead and
+    writes every value there (``release.py --record`` does this on the reference solution)."""
+
+    def __init__(self, path: str | os.PathLike, functions: dict[str, str]):
+        self.path = pathlib.Path(path)
+        self.functions = functions
+        self.record_to = os.environ.get(RECORD_ENV)
+        if self.record_to:
+            target = pathlib.Path(self.record_to)
+            self.table = json.loads(target.read_text()) if target.exists() else {}
+        else:
+            self.table = json.loads(self.path.read_text()) if self.path.exists() else {}
+
+    def __call__(self, name: str, *args, **kwargs):
+        key = f"{name}/{_key(name, args, kwargs)}"
+        if self.record_to:
+            value = _resolve(self.functions[name])(*args, **kwargs)
+            self.table[key] = _encode(value)
+            text = json.dumps(self.table, sort_keys=True, indent=1)
+            pathlib.Path(self.record_to).write_text(text)
+            return value
+        if key not in self.table:
+            raise RuntimeError(f"the autograder has no recorded value for {name} on these inputs "
+                               "(a grader bug: run `python labs/assignments/release.py --record`)")
+        return _decode(self.table[key])
