@@ -209,7 +209,7 @@ def main(argv=None) -> int:
     for row in rows:
         print(report(row))
     if args.out:
-        print(f"wrote {args.out} ({len(rows)} students)")
+        print(f"wrote {args.out} ({len(rows)} submission{'s' if len(rows) != 1 else ''})")
     return 0
 
 
