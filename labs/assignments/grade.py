@@ -29,8 +29,7 @@ import tempfile
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import release  # noqa: E402
-
-FLAGGED = "FLAGGED"
+from gradelib import FLAGGED  # noqa: E402
 TIMEOUT_S = 900
 MAX_FEEDBACK = 700  # characters of one question's paragraph
 

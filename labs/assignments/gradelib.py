@@ -23,6 +23,8 @@ import hashlib
 import importlib
 import inspect
 import json
+import math
+import numbers
 import os
 import pathlib
 import textwrap
@@ -75,16 +77,36 @@ def call(fn, name: str, *args, **kwargs):
     fail(message)
 
 
+def expect_tensor(name: str, got, what: str, *, shape=None, dtype=None, why: str = ""):
+    """Fail unless ``got`` is a tensor, of ``shape`` and ``dtype`` when given (``why`` follows
+    the expected shape in the message)."""
+    import torch
+
+    if not isinstance(got, torch.Tensor):
+        fail(f"`{name}` should return a torch.Tensor for {what}, got {type(got).__name__}.")
+    if shape is not None and tuple(got.shape) != tuple(shape):
+        fail(f"`{name}` returned shape {tuple(got.shape)} for {what}; expected "
+             f"{tuple(shape)}{why}.")
+    if dtype is not None and got.dtype != dtype:
+        fail(f"`{name}` should return a {dtype} tensor for {what}, got {got.dtype}.")
+    return got
+
+
+def expect_real(name: str, got, what: str, *, why: str = "") -> float:
+    """Fail unless ``got`` is a finite real number (not a bool); returns it as a float."""
+    if isinstance(got, bool) or not isinstance(got, numbers.Real):
+        fail(f"`{name}` should return a Python float for {what}, got {type(got).__name__}.")
+    if not math.isfinite(float(got)):
+        fail(f"`{name}` returned {got} for {what}{why}.")
+    return float(got)
+
+
 def expect_close(name: str, got, want, what: str, *, atol: float = 1e-6, rtol: float = 1e-5,
                  hint="") -> None:
     """Fail with a sentence unless tensor ``got`` matches ``want``; ``hint`` may be a callable."""
     import torch
 
-    if not isinstance(got, torch.Tensor):
-        fail(f"`{name}` should return a torch.Tensor for {what}, got {type(got).__name__}.")
-    if tuple(got.shape) != tuple(want.shape):
-        fail(f"`{name}` returned shape {tuple(got.shape)} for {what}; expected "
-             f"{tuple(want.shape)}.")
+    expect_tensor(name, got, what, shape=want.shape)
     got64, want64 = got.detach().double(), want.detach().double()
     if not torch.allclose(got64, want64, atol=atol, rtol=rtol, equal_nan=False):
         diff = (got64 - want64).abs().nan_to_num(float("inf"))

@@ -11,13 +11,12 @@ laid out as the trainer's (through :func:`_package_labels`, run only when record
 from __future__ import annotations
 
 import math
-import numbers
 import pathlib
 
 import numpy as np
 import torch
 
-from gradelib import References, call, check, expect_close, fail
+from gradelib import References, call, check, expect_close, expect_real, expect_tensor, fail
 
 REFS = References(pathlib.Path(__file__).with_name("gcd_reference.json"), {
     "simulate_risky_action": "agentic_rl.gcd:simulate_risky_action",
@@ -48,12 +47,7 @@ def _weight(fn, q, r, group_size) -> float:
         got = call(fn, "risky_advantage_weight", q, r)
     else:
         got = call(fn, "risky_advantage_weight", q, r, group_size=group_size)
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        fail(f"`risky_advantage_weight` should return a Python float for "
-             f"{_words(q, r, group_size)}, got {type(got).__name__}.")
-    if not math.isfinite(float(got)):
-        fail(f"`risky_advantage_weight` returned {got} for {_words(q, r, group_size)}.")
-    return float(got)
+    return expect_real("risky_advantage_weight", got, _words(q, r, group_size))
 
 
 def _weight_hint(got, q, r, group_size) -> str:
@@ -359,13 +353,8 @@ def _cosine(fn, g_a, g_b, what):
     got = call(fn, "gradient_cosine", a_in, b_in)
     if not (torch.equal(a_in, g_a) and torch.equal(b_in, g_b)):
         fail(f"`gradient_cosine` changed its inputs in place for {what}.")
-    if not isinstance(got, torch.Tensor):
-        fail(f"`gradient_cosine` should return a torch.Tensor for {what}, got "
-             f"{type(got).__name__}.")
-    if tuple(got.shape) != (g_a.shape[0],):
-        fail(f"`gradient_cosine` returned shape {tuple(got.shape)} for {what}; expected "
-             f"({g_a.shape[0]},): one cosine per row (pair).")
-    return got
+    return expect_tensor("gradient_cosine", got, what, shape=(g_a.shape[0],),
+                         why=": one cosine per row (pair)")
 
 
 def _nan_hint(got) -> str:

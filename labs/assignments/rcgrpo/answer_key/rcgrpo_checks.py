@@ -16,7 +16,7 @@ import random
 
 import torch
 
-from gradelib import References, call, check, fail
+from gradelib import References, call, check, expect_real, fail
 
 REFS = References(pathlib.Path(__file__).with_name("rcgrpo_reference.json"), {
     "zero_std_fraction": "agentic_rl.rcgrpo:zero_std_fraction",
@@ -329,12 +329,7 @@ def _words(G, p, qh, ql) -> str:
 
 def _variance(fn, G, p, qh, ql) -> float:
     got = call(fn, "expected_group_variance", G, p, qh, ql)
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        fail(f"`expected_group_variance` should return a Python float for "
-             f"{_words(G, p, qh, ql)}, got {type(got).__name__}.")
-    if not math.isfinite(float(got)):
-        fail(f"`expected_group_variance` returned {got} for {_words(G, p, qh, ql)}.")
-    return float(got)
+    return expect_real("expected_group_variance", got, _words(G, p, qh, ql))
 
 
 def _variance_hint(got, G, p, qh, ql) -> str:

@@ -12,7 +12,7 @@ import pathlib
 
 import torch
 
-from gradelib import References, call, check, expect_close, fail
+from gradelib import References, call, check, expect_close, expect_tensor, fail
 
 REFS = References(pathlib.Path(__file__).with_name("retool_reference.json"), {
     "interpreter_tokens": "retool_checks:_package_mask",
@@ -61,14 +61,7 @@ def _batch(*rows):
 def _check_mask(fn, attention, loss, what):
     att_in, loss_in = attention.clone(), loss.clone()
     got = call(fn, "tool_output_mask", att_in, loss_in)
-    if not isinstance(got, torch.Tensor):
-        fail(f"`tool_output_mask` should return a torch.Tensor for {what}, "
-             f"got {type(got).__name__}.")
-    if tuple(got.shape) != tuple(attention.shape):
-        fail(f"`tool_output_mask` returned shape {tuple(got.shape)} for {what}; "
-             f"expected {tuple(attention.shape)}.")
-    if got.dtype != torch.bool:
-        fail(f"`tool_output_mask` should return a torch.bool tensor for {what}, got {got.dtype}.")
+    expect_tensor("tool_output_mask", got, what, shape=attention.shape, dtype=torch.bool)
     if not (torch.equal(att_in, attention) and torch.equal(loss_in, loss)):
         fail(f"`tool_output_mask` changed its input masks in place for {what}.")
     want = REFS("interpreter_tokens", attention, loss)

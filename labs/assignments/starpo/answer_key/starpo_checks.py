@@ -19,7 +19,7 @@ import pathlib
 import numpy as np
 import torch
 
-from gradelib import References, call, check, fail
+from gradelib import References, call, check, expect_real, expect_tensor, fail
 
 REFS = References(pathlib.Path(__file__).with_name("starpo_reference.json"), {
     "reward_std_filter": "agentic_rl.filters:reward_std_filter",
@@ -55,15 +55,8 @@ def _check_filter(fn, scores, group_ids, what, **kwargs):
     """Call the student's filter on one batch and compare it with the recorded reference."""
     s_in, g_in = scores.clone(), group_ids.clone()
     got = call(fn, "reward_std_filter", s_in, g_in, **kwargs)
-    if not isinstance(got, torch.Tensor):
-        fail(f"`reward_std_filter` should return a torch.Tensor for {what}, "
-             f"got {type(got).__name__}.")
-    if tuple(got.shape) != tuple(scores.shape):
-        fail(f"`reward_std_filter` returned shape {tuple(got.shape)} for {what}; expected "
-             f"{tuple(scores.shape)} (one entry per row).")
-    if got.dtype != torch.bool:
-        fail(f"`reward_std_filter` should return a torch.bool tensor for {what}, got "
-             f"{got.dtype}.")
+    expect_tensor("reward_std_filter", got, what, shape=scores.shape, dtype=torch.bool,
+                  why=" (one entry per row)")
     if not (torch.equal(s_in, scores) and torch.equal(g_in, group_ids)):
         fail(f"`reward_std_filter` changed its inputs in place for {what}.")
     got = got.cpu()
@@ -388,13 +381,9 @@ def _estimate(fn, p, group_size, **kwargs) -> float:
              "coin=\"shared\" to its signature (one coin per group, the default, as the "
              "environment draws it; \"independent\": one coin per rollout).")
     got = call(fn, "expected_bandit_gradient", p, group_size, **kwargs)
-    if isinstance(got, bool) or not isinstance(got, numbers.Real):
-        fail(f"`expected_bandit_gradient` should return a Python float for "
-             f"{_describe(p, group_size, kwargs)}, got {type(got).__name__}.")
-    if not math.isfinite(float(got)):
-        fail(f"`expected_bandit_gradient` returned {got} for {_describe(p, group_size, kwargs)} "
-             "(an all-equal group has std 0: its advantages are 0 / (0 + 1e-6) = 0).")
-    return float(got)
+    return expect_real("expected_bandit_gradient", got, _describe(p, group_size, kwargs),
+                       why=" (an all-equal group has std 0: its advantages are 0 / (0 + 1e-6) "
+                           "= 0)")
 
 
 def _coin_hint(got, want, tol, p, group_size, kwargs) -> str:
