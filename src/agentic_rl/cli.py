@@ -172,7 +172,12 @@ def _usage() -> str:
     for name in sorted(RECIPES):
         doc = recipe(name).CONFIG.__doc__ or ""
         lines.append(f"  {name:<{width}}{doc.strip().splitlines()[0]}")
-    lines += ["", "python -m agentic_rl <recipe> --help lists the recipe's flags."]
+    lines += [
+        "",
+        "python -m agentic_rl <recipe> --help lists the recipe's flags.",
+        "python -m agentic_rl experiment LAB [--seeds N] [--jobs J] records a lab's arms x seeds"
+        " (--help: its flags).",
+    ]
     return "\n".join(lines)
 
 
@@ -211,8 +216,71 @@ def _report(trainer, summary: dict) -> None:
     print(json.dumps(rounded, indent=2))
 
 
+def experiment_main(argv: list[str]) -> int:
+    """``python -m agentic_rl experiment LAB``: a lab's arms x seeds, recorded
+    (:mod:`agentic_rl.records`)."""
+    from .records import EXPERIMENTS
+
+    p = _Parser(
+        prog="python -m agentic_rl experiment",
+        description="Run a lab's arms x seeds as independent processes and record them in "
+        "labs/results/<lab>.json; or, with --seed, one seed of it (its cells only).",
+    )
+    p.add_argument("lab", help=f"the lab: {', '.join(EXPERIMENTS)}")
+    p.add_argument("--seeds", type=_parse_number(int), default=None,
+                   help="seeds 0..N-1 (default: the lab's own number)")
+    p.add_argument("--seed", type=_parse_number(int), default=None,
+                   help="run this one seed here and write its cells to --output")
+    p.add_argument("--arms", "--arm", default=None, help="comma-separated arms (default: all)")
+    p.add_argument("--jobs", type=_parse_number(int), default=os.cpu_count() or 1,
+                   help="processes at a time (default: one per core)")
+    p.add_argument("--profile", choices=("quick", "full"), default="quick")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    p.add_argument("--output", default=None,
+                   help="with --seed: a folder for its cells, or a .json file for one arm's cell")
+    p.add_argument("--work-dir", default=None, help="the sweep's cells (runs/experiments/LAB)")
+    p.add_argument("--record", default=None, help="the record (labs/results/LAB.json)")
+    p.add_argument("--replace", action="store_true",
+                   help="discard cells of another sweep found in the work folder")
+    a = p.parse_args(argv)
+    from . import records
+
+    arms = a.arms.split(",") if a.arms else None
+    try:
+        if a.lab not in EXPERIMENTS:
+            raise records.RecordError(
+                f"unknown lab {a.lab!r}; labs with an experiment: {', '.join(EXPERIMENTS)}"
+            )
+        if a.seed is not None:
+            if a.output is None:
+                raise records.RecordError("--seed needs --output (a folder, or a .json file)")
+            if a.output.endswith(".json") and len(arms or ()) != 1:
+                raise records.RecordError("a .json --output holds one cell: give one --arm")
+            cells, _ = records.run_cells(a.lab, a.seed, arms, profile=a.profile, device=a.device)
+            if a.output.endswith(".json"):
+                from .checkpoint import write_atomically
+
+                cell = next(iter(cells.values()))
+                write_atomically(a.output, json.dumps(cell, indent=1).encode())
+                print(a.output)
+            else:
+                print(*records.write_cells(cells, a.output), sep="\n")
+            return 0
+        n = a.seeds if a.seeds is not None else records.experiment(a.lab).SEEDS
+        path = records.sweep(
+            a.lab, range(n), arms, jobs=a.jobs, profile=a.profile, device=a.device,
+            work_dir=a.work_dir, record=a.record, replace=a.replace,
+        )
+    except RunError as err:
+        return _error(err)
+    print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "experiment":
+        return experiment_main(argv[1:])
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in RECIPES:
         if argv and argv[0] not in ("-h", "--help"):
             known = ", ".join(sorted(RECIPES))
