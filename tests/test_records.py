@@ -271,3 +271,16 @@ def test_every_lab_experiment_fulfils_the_contract(lab):
     for arm in module.REPLICATE:
         for key in module.CHECKED:
             assert len(rec.values(arm, key)) == rec.n
+
+
+def test_stale_records_are_named():
+    """A record whose package files changed since it was made is reported by name (a warning: the
+    labs' live replicates decide whether its numbers still hold)."""
+    import warnings
+
+    for lab in sorted(records.EXPERIMENTS):
+        rec = load_record(lab, records._PACKAGE.parents[1] / "labs" / "results")
+        if rec.stale():
+            warnings.warn(f"labs/results/{lab}.json was made before changes to "
+                          f"{', '.join(rec.stale())}: regenerate it with "
+                          f"`python -m agentic_rl experiment {lab}`", stacklevel=1)

@@ -186,7 +186,7 @@ def _check_arms(module, lab: str, arms) -> list[str]:
 
 
 def run_cells(
-    lab: str, seed: int, arms=None, *, profile: str = "quick", device: str = "cpu", **overrides
+    lab: str, seed: int, arms=None, *, profile: str = "quick", device: str = "auto", **overrides
 ):
     """Train one seed of ``lab``'s ``arms`` here and measure them: ``{arm: cell}``, each cell
     ``{"metrics": {...}, "curves": {...}, "wall_s", "provenance"}``. Also returns the trainers
@@ -198,6 +198,10 @@ def run_cells(
     arms = _check_arms(module, lab, arms)
     if not isinstance(seed, int) or seed < 0:
         raise RecordError(f"a seed is a non-negative integer (got {seed!r})")
+    if device == "auto":  # a lab's replicate: the GPU where there is one
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     setup(seed, threads=1 if device == "cpu" else None)
     t0 = time.perf_counter()
     trainers = module.train(seed, arms, profile=profile, device=device, **overrides)
