@@ -69,9 +69,9 @@ def test_the_mde_shrinks_with_seeds_and_seeds_needed_reaches_it():
 FAKE = textwrap.dedent(
     """
     import os, time
-    ARMS = {"a": {}, "b": {"bonus": 0.25}}
+    ARMS = {"a": {}, "b, bonus": {"bonus": 0.25}}  # an arm name may hold a comma
     SEEDS = 3
-    REPLICATE = ("a", "b")
+    REPLICATE = ("a", "b, bonus")
     CHECKED = ("score",)
     FLOORS = {}
 
@@ -117,13 +117,13 @@ def test_sweep_runs_every_cell_in_parallel_and_records_provenance(fake_lab):
     path, lines = _sweep(fake_lab)
     assert "6 cells to run, 2 at a time" in lines[0]
     rec = load_record("fake", fake_lab)
-    assert rec.path == path and rec.n == 3 and rec.arms == ["a", "b"]
+    assert rec.path == path and rec.n == 3 and rec.arms == ["a", "b, bonus"]
     assert rec.values("a", "score") == pytest.approx([0.0, 0.1, 0.2])
-    assert rec.paired("a", "b", "score").mean == pytest.approx(0.25)
+    assert rec.paired("a", "b, bonus", "score").mean == pytest.approx(0.25)
     prov = rec.data["provenance"]
     for key in ("commit", "cpu_model", "instruction_set", "torch", "transformers", "date", "source"):
         assert prov[key], key
-    assert rec.histories("b", ["score"])[1] == [
+    assert rec.histories("b, bonus", ["score"])[1] == [
         {"step": 1, "score": 0.0}, {"step": 2, "score": 0.175}, {"step": 3, "score": 0.35}]
     assert "2 arms x 3 seeds" in rec.describe()
 
@@ -161,9 +161,9 @@ def test_the_runner_refuses_another_sweeps_folder_unless_told(fake_lab):
 
 def test_a_half_written_cell_is_named(fake_lab):
     _sweep(fake_lab)
-    cell = fake_lab / "work" / "b__seed2.json"
+    cell = fake_lab / "work" / "b_bonus__seed2.json"
     cell.write_text(cell.read_text()[:40])
-    with pytest.raises(RecordError, match=r"b__seed2.json: a half-written or corrupt"):
+    with pytest.raises(RecordError, match=r"b_bonus__seed2.json: a half-written or corrupt"):
         _sweep(fake_lab)
 
 
@@ -171,8 +171,8 @@ def test_the_command_line_runs_one_cell_and_refuses_bad_labs(fake_lab):
     env = dict(os.environ)
     out = fake_lab / "cell.json"
     cmd = [sys.executable, "-m", "agentic_rl", "experiment"]
-    r = subprocess.run([*cmd, "fake", "--seed", "2", "--arm", "b", "--output", str(out)], env=env,
-                       capture_output=True, text=True)
+    r = subprocess.run([*cmd, "fake", "--seed", "2", "--arm", "b, bonus", "--output", str(out)],
+                       env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(out.read_text())["metrics"]["score"] == pytest.approx(0.45)
     for args, message in (

@@ -231,7 +231,9 @@ def experiment_main(argv: list[str]) -> int:
                    help="seeds 0..N-1 (default: the lab's own number)")
     p.add_argument("--seed", type=_parse_number(int), default=None,
                    help="run this one seed here and write its cells to --output")
-    p.add_argument("--arms", "--arm", default=None, help="comma-separated arms (default: all)")
+    p.add_argument("--arms", default=None, help="comma-separated arms (default: all)")
+    p.add_argument("--arm", action="append", default=None,
+                   help="one arm (repeat it for several; for names that hold a comma)")
     p.add_argument("--jobs", type=_parse_number(int), default=os.cpu_count() or 1,
                    help="processes at a time (default: one per core)")
     p.add_argument("--profile", choices=("quick", "full"), default="quick")
@@ -245,7 +247,7 @@ def experiment_main(argv: list[str]) -> int:
     a = p.parse_args(argv)
     from . import records
 
-    arms = a.arms.split(",") if a.arms else None
+    arms = (a.arms.split(",") if a.arms else []) + (a.arm or []) or None
     try:
         if a.lab not in EXPERIMENTS:
             raise records.RecordError(

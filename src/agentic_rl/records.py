@@ -62,6 +62,7 @@ __all__ = [
 
 #: The labs with a recorded experiment: name -> module of :mod:`agentic_rl.experiments`.
 EXPERIMENTS = {
+    "early_experience": "agentic_rl.experiments.early_experience",
     "gigpo": "agentic_rl.experiments.gigpo",
 }
 # A lab outside the package (a course's own) registers as AGENTIC_RL_EXPERIMENTS="name=module,...".
@@ -325,8 +326,8 @@ def _run_processes(lab, todo, jobs, work: Path, profile, device, log) -> list[in
         while todo and len(running) < jobs:
             seed, missing = todo.pop(0)
             cmd = [sys.executable, "-m", "agentic_rl", "experiment", lab, "--seed", str(seed),
-                   "--arms", ",".join(missing), "--profile", profile, "--device", device,
-                   "--output", str(work)]
+                   *(f"--arm={arm}" for arm in missing), "--profile", profile, "--device",
+                   device, "--output", str(work)]
             with open(work / f"seed{seed}.log", "w") as logf:
                 proc = subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT)
             running.append((proc, seed, time.perf_counter()))

@@ -15,6 +15,7 @@ No scipy: the t quantile is computed from the density (Simpson's rule and bisect
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ def _t_cdf(x: float, df: int) -> float:
     return 0.5 + total * h / 3
 
 
+@functools.lru_cache(maxsize=None)
 def t_quantile(p: float, df: int) -> float:
     """The ``p`` quantile of Student's t with ``df`` degrees of freedom (``0.5 < p < 1``)."""
     if not 0.5 < p < 1 or df < 1:

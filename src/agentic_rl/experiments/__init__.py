@@ -15,3 +15,27 @@ The contract a module fulfils (``agentic_rl.experiments.gigpo`` is the example):
 
 The measurement code lives here, once: the runner and the lab's live replicate both call it.
 """
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["evaluations", "curves"]
+
+
+def evaluations(trainer) -> dict[str, float]:
+    """Every number of a trainer's evaluations, as ``<when>_<key>`` (``before_id_sampled_success``:
+    the evaluation after the warm start, before RL)."""
+    return {
+        f"{when}_{key}": float(value)
+        for when, evals in trainer.evals.items()
+        for key, value in evals.items()
+        if isinstance(value, (int, float)) and not isinstance(value, bool)
+    }
+
+
+def curves(history: list[dict], keys) -> dict[str, list[float]]:
+    """The per-step values of ``keys`` (NaN where a step did not log one)."""
+    return {
+        k: [math.nan if r.get(k) is None else float(r[k]) for r in history] for k in keys
+    }
