@@ -284,3 +284,14 @@ def test_stale_records_are_named():
             warnings.warn(f"labs/results/{lab}.json was made before changes to "
                           f"{', '.join(rec.stale())}: regenerate it with "
                           f"`python -m agentic_rl experiment {lab}`", stacklevel=1)
+
+
+def test_a_metric_some_seeds_did_not_measure_is_nan_and_one_none_did_is_an_error():
+    rec = _record("x", "y")
+    del rec.data["cells"]["a"]["2"]["metrics"]["score"]  # e.g. an AUROC with one class absent
+    v = rec.values("a", "score")
+    assert math.isnan(v[2]) and v[:2] == [0.50, 0.55]
+    with pytest.raises(RecordError, match="has no metric 'nothing'"):
+        rec.values("a", "nothing")
+    with pytest.raises(RecordError, match="no arm 'z'"):
+        rec.values("z", "score")

@@ -63,6 +63,7 @@ __all__ = [
 #: The labs with a recorded experiment: name -> module of :mod:`agentic_rl.experiments`.
 EXPERIMENTS = {
     "early_experience": "agentic_rl.experiments.early_experience",
+    "gcd": "agentic_rl.experiments.gcd",
     "gigpo": "agentic_rl.experiments.gigpo",
 }
 # A lab outside the package (a course's own) registers as AGENTIC_RL_EXPERIMENTS="name=module,...".
@@ -414,13 +415,14 @@ class Record:
         return len(self.data["seeds"])
 
     def values(self, arm: str, key: str) -> list[float]:
-        """``key`` of ``arm`` on every recorded seed, in seed order."""
+        """``key`` of ``arm`` on every recorded seed, in seed order; NaN on a seed that did not
+        measure it (an AUROC where one class was absent), an error where no seed did."""
         if arm not in self.data["cells"]:
             raise RecordError(f"{self.path}: no arm {arm!r} (arms: {', '.join(self.arms)})")
-        try:
-            return [self.data["cells"][arm][str(s)]["metrics"][key] for s in self.seeds]
-        except KeyError:
-            raise RecordError(f"{self.path}: arm {arm!r} has no metric {key!r}") from None
+        cells = [self.data["cells"][arm][str(s)]["metrics"] for s in self.seeds]
+        if not any(key in c for c in cells):
+            raise RecordError(f"{self.path}: arm {arm!r} has no metric {key!r}")
+        return [c.get(key, math.nan) for c in cells]
 
     def mean(self, arm: str, key: str) -> float:
         return statistics.mean(self.values(arm, key))

@@ -25,12 +25,12 @@ __all__ = ["evaluations", "curves"]
 
 def evaluations(trainer) -> dict[str, float]:
     """Every number of a trainer's evaluations, as ``<when>_<key>`` (``before_id_sampled_success``:
-    the evaluation after the warm start, before RL)."""
+    the evaluation after the warm start, before RL); NaN where it measured nothing (None)."""
     return {
-        f"{when}_{key}": float(value)
+        f"{when}_{key}": math.nan if value is None else float(value)
         for when, evals in trainer.evals.items()
         for key, value in evals.items()
-        if isinstance(value, (int, float)) and not isinstance(value, bool)
+        if value is None or isinstance(value, (int, float)) and not isinstance(value, bool)
     }
 
 
