@@ -95,26 +95,24 @@ def experiment(lab: str):
 # ------------------------------------------------------------------------------------ provenance
 
 
-def _cpu_model() -> str:
+def _cpuinfo(field: str, default: str) -> str:
+    """The first ``field`` of /proc/cpuinfo (``model name``, ``vendor_id``), else ``default``."""
     try:
         with open("/proc/cpuinfo") as fh:
             for line in fh:
-                if line.startswith("model name"):
+                if line.startswith(field):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or platform.machine()
+    return default
+
+
+def _cpu_model() -> str:
+    return _cpuinfo("model name", platform.processor() or platform.machine())
 
 
 def _cpu_vendor() -> str:
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("vendor_id"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
+    return _cpuinfo("vendor_id", platform.machine())
 
 
 def instruction_set() -> str:
