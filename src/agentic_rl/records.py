@@ -65,6 +65,7 @@ EXPERIMENTS = {
     "early_experience": "agentic_rl.experiments.early_experience",
     "gcd": "agentic_rl.experiments.gcd",
     "gigpo": "agentic_rl.experiments.gigpo",
+    "rcgrpo": "agentic_rl.experiments.rcgrpo",
 }
 # A lab outside the package (a course's own) registers as AGENTIC_RL_EXPERIMENTS="name=module,...".
 for _item in filter(None, os.environ.get("AGENTIC_RL_EXPERIMENTS", "").split(",")):
