@@ -247,6 +247,31 @@ def test_a_replicate_on_another_instruction_set_must_fall_inside_the_recorded_sp
         rec.check_replicate(_live(float("nan")), ["score"])
 
 
+def test_a_metric_an_arm_does_not_measure_is_skipped_and_one_it_lost_is_named():
+    import torch
+
+    rec = _record(records.instruction_set(), torch.__version__)
+    seen = []
+    assert rec.check_replicate(_live(0.5), ["score", "other_env_only"], log=seen.append)
+    assert "1 metrics agree" in seen[0]  # measured by neither: not this arm's metric
+    with pytest.raises(ReplicateError, match="other_env_only: not measured by the record"):
+        live = _live(0.5)
+        live["a"]["metrics"]["other_env_only"] = 1.0
+        rec.check_replicate(live, ["score", "other_env_only"])
+    with pytest.raises(ReplicateError, match="score: not measured by the live replicate"):
+        rec.check_replicate({"a": {"seed": 0, "metrics": {}}}, ["score"])
+
+
+def test_cells_of_trainers_trained_elsewhere_equal_the_runners(fake_lab):
+    cells, trainers = records.run_cells("fake", 1, ["a", "b, bonus"])
+    again = records.measure_cells("fake", trainers, 1)
+    for arm in cells:
+        assert again[arm]["metrics"] == cells[arm]["metrics"]
+        assert again[arm]["curves"] == cells[arm]["curves"]
+    with pytest.raises(RecordError, match="unknown arm|no arm|not an arm"):
+        records.measure_cells("fake", {"nope": trainers["a"]}, 1)
+
+
 def test_a_record_reports_the_package_files_that_changed_since(tmp_path):
     import agentic_rl.gigpo  # noqa: F401  (loaded, so that it has a hash)
 
@@ -269,8 +294,12 @@ def test_every_lab_experiment_fulfils_the_contract(lab):
     rec = load_record(lab, path.parent)
     assert rec.n >= module.SEEDS and rec.arms == list(module.ARMS)
     for arm in module.REPLICATE:
-        for key in module.CHECKED:
-            assert len(rec.values(arm, key)) == rec.n
+        cells = rec.data["cells"][arm].values()
+        # a checked metric an arm does not measure (another environment's) is in none of its cells
+        measured = [k for k in module.CHECKED if any(k in c["metrics"] for c in cells)]
+        assert measured, f"{lab}: the replicate checks nothing of {arm!r}"
+        for key in measured:
+            assert all(key in c["metrics"] for c in cells), (lab, arm, key)
 
 
 def test_stale_records_are_named():

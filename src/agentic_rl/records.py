@@ -66,6 +66,7 @@ EXPERIMENTS = {
     "gcd": "agentic_rl.experiments.gcd",
     "gigpo": "agentic_rl.experiments.gigpo",
     "rcgrpo": "agentic_rl.experiments.rcgrpo",
+    "starpo": "agentic_rl.experiments.starpo",
 }
 # A lab outside the package (a course's own) registers as AGENTIC_RL_EXPERIMENTS="name=module,...".
 for _item in filter(None, os.environ.get("AGENTIC_RL_EXPERIMENTS", "").split(",")):
@@ -207,18 +208,27 @@ def run_cells(
     t0 = time.perf_counter()
     trainers = module.train(seed, arms, profile=profile, device=device, **overrides)
     wall = (time.perf_counter() - t0) / len(arms)  # the arms share their warm start: a share each
+    return measure_cells(lab, trainers, seed, profile=profile, device=device, wall_s=wall), trainers
+
+
+def measure_cells(lab: str, trainers: dict, seed: int, *, profile: str = "quick",
+                  device: str = "cpu", wall_s: float = math.nan) -> dict:
+    """Cells (``{arm: cell}``, as :func:`run_cells` returns them) of trainers trained elsewhere:
+    a lab whose teaching cells train the replicate's main arm themselves measures it with this."""
+    module = experiment(lab)
+    _check_arms(module, lab, list(trainers))
     cells = {}
-    for arm in arms:
-        measured = module.measure(trainers[arm], arm, seed)
+    for arm, trainer in trainers.items():
+        measured = module.measure(trainer, arm, seed)
         cells[arm] = {
             "lab": lab, "arm": arm, "seed": seed, "profile": profile, "device": device,
             "metrics": {k: float(v) for k, v in measured["metrics"].items()},
             "curves": {k: [float(x) for x in v] for k, v in measured.get("curves", {}).items()},
-            "wall_s": round(wall, 1),
+            "wall_s": round(wall_s, 1),
             "provenance": provenance(),
             "source": source_hashes(),
         }
-    return cells, trainers
+    return cells
 
 
 def _read_cell(path: Path) -> dict:
@@ -481,6 +491,12 @@ class Record:
                 raise RecordError(f"{self.path}: no recorded seed {seed} of arm {arm!r}")
             recorded = self.data["cells"][arm][seed]["metrics"]
             for key in keys:
+                if key not in cell["metrics"] and key not in recorded:
+                    continue  # a metric this arm does not measure (another environment's)
+                if key not in cell["metrics"] or key not in recorded:
+                    where = "the live replicate" if key in recorded else "the record"
+                    bad.append(f"{arm} seed {seed} {key}: not measured by {where}")
+                    continue
                 live = cell["metrics"][key]
                 if exact:
                     ok = f"{live:.{DIGITS}f}" == f"{recorded[key]:.{DIGITS}f}"
@@ -497,7 +513,10 @@ class Record:
             else f"another instruction set than the record's ({mine['instruction_set']} here, "
             f"{p['instruction_set']} recorded): inside the recorded distribution"
         )
-        n_checked = len(cells) * len(keys)
+        n_checked = sum(
+            1 for arm, c in cells.items() for k in keys
+            if k in c["metrics"] or k in self.data["cells"][arm][str(c["seed"])]["metrics"]
+        )
         if bad:
             raise ReplicateError(
                 f"the live replicate disagrees with {self.path.name} on {len(bad)} of "
