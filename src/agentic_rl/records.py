@@ -65,6 +65,7 @@ EXPERIMENTS = {
     "early_experience": "agentic_rl.experiments.early_experience",
     "gcd": "agentic_rl.experiments.gcd",
     "gigpo": "agentic_rl.experiments.gigpo",
+    "grpo": "agentic_rl.experiments.grpo",
     "rcgrpo": "agentic_rl.experiments.rcgrpo",
     "starpo": "agentic_rl.experiments.starpo",
 }
