@@ -63,6 +63,7 @@ __all__ = [
 #: The labs with a recorded experiment: name -> module of :mod:`agentic_rl.experiments`.
 EXPERIMENTS = {
     "early_experience": "agentic_rl.experiments.early_experience",
+    "gae": "agentic_rl.experiments.gae",
     "gcd": "agentic_rl.experiments.gcd",
     "gigpo": "agentic_rl.experiments.gigpo",
     "grpo": "agentic_rl.experiments.grpo",
