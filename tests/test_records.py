@@ -324,3 +324,41 @@ def test_a_metric_some_seeds_did_not_measure_is_nan_and_one_none_did_is_an_error
         rec.values("a", "nothing")
     with pytest.raises(RecordError, match="no arm 'z'"):
         rec.values("z", "score")
+
+
+# ------------------------------------------------------- a lab's warm start, kept for its teaching
+
+
+def test_an_arm_from_a_kept_warm_start_is_the_recorded_arm(tiny_config):
+    """The GRPO and GAE labs look at the warm start before RL, then train their main arm from it:
+    whatever the teaching cells sample in between, the arm equals the one the runner trains, and
+    every arm starts from the same weights, evaluation and task stream."""
+    import torch
+
+    from agentic_rl.experiments import arms
+    from agentic_rl.grpo import GRPOTrainer
+    from agentic_rl.utils import setup
+
+    config = tiny_config(sft_steps=4, max_steps=2, eval_size=8)
+
+    def fresh():
+        setup(0)
+        start = arms.warm_start(GRPOTrainer, config)
+        return start, arms.train_arm(start, num_generations=2, prompts_per_step=2)
+
+    start, runner = fresh()
+    setup(0)
+    lab_start = arms.warm_start(GRPOTrainer, config)
+    torch.manual_seed(123)  # a teaching cell samples from the policy and the task stream
+    lab_start.problem_rng.random()
+    lab_start.rollout()
+    lab = arms.train_arm(lab_start, num_generations=2, prompts_per_step=2)
+    assert lab.evals == runner.evals and lab.history[-1]["loss"] == runner.history[-1]["loss"]
+    assert all(torch.equal(p, q) for p, q in zip(lab.model.parameters(),
+                                                 runner.model.parameters()))
+    assert lab.evals["before"] is lab_start.evals["before"]  # not measured again
+    import random
+
+    assert start.rl_tasks != random.Random(config.seed).getstate()  # SFT drew from the stream
+    assert not all(torch.equal(p, q) for p, q in zip(lab.model.parameters(),
+                                                     lab_start.model.parameters()))  # a copy

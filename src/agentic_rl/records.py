@@ -76,8 +76,10 @@ for _item in filter(None, os.environ.get("AGENTIC_RL_EXPERIMENTS", "").split(","
     EXPERIMENTS[_name.strip()] = _module.strip()
 #: How many decimals "equal to the printed digits" compares.
 DIGITS = 3
-#: Modules that cannot change a number (the runner, the statistics, the command line, plots).
-_NOT_RESULTS = {"records.py", "stats.py", "cli.py", "__main__.py", "plotting.py", "__init__.py"}
+#: Modules that cannot change a number (the runner, the statistics, the command line). A package's
+#: ``__init__.py`` can (``experiments/__init__.py`` measures), and so can ``plotting.py``
+#: (``collapse_step`` is a metric): they are hashed, a figure-only edit there included.
+_NOT_RESULTS = {"records.py", "stats.py", "cli.py", "__main__.py"}
 _PACKAGE = Path(__file__).resolve().parent
 
 

@@ -11,12 +11,11 @@ main run is still the record's seed 0.
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import math
 import statistics
 
 from ..agent import AgentTrainer, PPOConfig
+from . import arms as lab_arms
 from . import curves, evaluations
 
 #: GRPO's group size; its lakes per step are the PPO arms' divided by it (same episodes).
@@ -32,29 +31,19 @@ CURVES = ("success_rate", "clip_ratio", "explained_variance", "entropy")
 
 
 def warm_start(seed: int, *, profile="quick", device="cpu", **overrides) -> AgentTrainer:
-    """The SFT'd trainer of one seed, evaluated (``evals["before"]``), with the state of its task
-    stream at the end of SFT kept for the RL arms (``rl_tasks``)."""
+    """The SFT'd trainer of one seed, evaluated (``evals["before"]``): the lab's config
+    (:func:`agentic_rl.experiments.arms.warm_start`)."""
     config = PPOConfig.from_profile(profile, seed=seed, disable_tqdm=True, device=device,
                                     **overrides)
-    start = AgentTrainer(config)
-    start.sft()
-    start.evals["before"] = start.evaluate()
-    start.rl_tasks = start.problem_rng.getstate()
-    return start
+    return lab_arms.warm_start(AgentTrainer, config)
 
 
 def train_arm(start: AgentTrainer, arm: str) -> AgentTrainer:
     """One arm's RL from a copy of the warm start, on the same episodes per step."""
-    fields = dict(ARMS[arm], sft_steps=0)
+    fields = dict(ARMS[arm])
     if "num_generations" in fields:
         fields["prompts_per_step"] = start.config.prompts_per_step // fields["num_generations"]
-    config = dataclasses.replace(start.config, **fields)
-    trainer = AgentTrainer(config, model=copy.deepcopy(start.model), tokenizer=start.tokenizer)
-    trainer.sft_history = list(start.sft_history)
-    trainer.problem_rng.setstate(start.rl_tasks)  # the RL tasks follow the warm start's
-    trainer.evals["before"] = start.evals["before"]
-    trainer.train()
-    return trainer
+    return lab_arms.train_arm(start, **fields)
 
 
 def train(seed: int, arms=tuple(ARMS), *, profile="quick", device="cpu", **overrides) -> dict:

@@ -11,11 +11,10 @@ can look at the warm start before RL and its main run is still the record's seed
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import statistics
 
 from ..grpo import GRPOConfig, GRPOTrainer
+from . import arms as lab_arms
 from . import curves, evaluations
 
 ARMS = {"G=8": dict(num_generations=8), "G=2": dict(num_generations=2),
@@ -31,29 +30,18 @@ CURVES = ("accuracy", "entropy", "frac_reward_zero_std", "kl")
 
 
 def warm_start(seed: int, *, profile="quick", device="cpu", **overrides) -> GRPOTrainer:
-    """The SFT'd trainer of one seed, evaluated (``evals["before"]``), with the state of its task
-    stream at the end of SFT kept for the RL arms (``rl_tasks``)."""
+    """The SFT'd trainer of one seed, evaluated (``evals["before"]``): the lab's config, with the
+    KL to the starting policy logged (:func:`agentic_rl.experiments.arms.warm_start`)."""
     config = GRPOConfig.from_profile(profile, seed=seed, disable_tqdm=True, log_kl=True,
                                      device=device, **overrides)
-    start = GRPOTrainer(config)
-    start.sft()
-    start.evals["before"] = start.evaluate()
-    start.rl_tasks = start.problem_rng.getstate()
-    return start
+    return lab_arms.warm_start(GRPOTrainer, config)
 
 
 def train_arm(start: GRPOTrainer, arm: str) -> GRPOTrainer:
     """GRPO from a copy of the warm start, with the arm's group size at the profile's budget."""
     budget = start.config.prompts_per_step * start.config.num_generations
     group = ARMS[arm]["num_generations"]
-    config = dataclasses.replace(start.config, sft_steps=0, num_generations=group,
-                                 prompts_per_step=budget // group)
-    trainer = GRPOTrainer(config, model=copy.deepcopy(start.model), tokenizer=start.tokenizer)
-    trainer.sft_history = list(start.sft_history)
-    trainer.problem_rng.setstate(start.rl_tasks)  # the RL tasks follow the warm start's
-    trainer.evals["before"] = start.evals["before"]
-    trainer.train()
-    return trainer
+    return lab_arms.train_arm(start, num_generations=group, prompts_per_step=budget // group)
 
 
 def train(seed: int, arms=tuple(ARMS), *, profile="quick", device="cpu", **overrides) -> dict:
