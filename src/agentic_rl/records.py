@@ -67,6 +67,7 @@ EXPERIMENTS = {
     "gcd": "agentic_rl.experiments.gcd",
     "gigpo": "agentic_rl.experiments.gigpo",
     "grpo": "agentic_rl.experiments.grpo",
+    "pretrained": "agentic_rl.experiments.pretrained",
     "rcgrpo": "agentic_rl.experiments.rcgrpo",
     "starpo": "agentic_rl.experiments.starpo",
 }
