@@ -53,7 +53,8 @@ def shape(text: str, cut: bool) -> str:
 
 @torch.no_grad()
 def greedy_answers(trainer) -> list[tuple[str, int, bool]]:
-    """Greedy answers to the held-out sums: (text, generated tokens, cut off by the length limit)."""
+    """Greedy answers to the held-out sums: (text, generated tokens, cut off by the length
+    limit)."""
     tok, c = trainer.tokenizer, trainer.config
     b = generate_batch(trainer.model, tok, trainer.task, trainer.eval_problems,
                        max_completion_length=c.max_completion_length, greedy=True,
