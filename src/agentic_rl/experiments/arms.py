@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 
-__all__ = ["warm_start", "train_arm"]
+__all__ = ["warm_start", "arm_trainer", "train_arm"]
 
 
 def warm_start(trainer_cls, config):
@@ -25,13 +25,20 @@ def warm_start(trainer_cls, config):
     return start
 
 
-def train_arm(start, **fields):
-    """RL from a copy of ``start``'s weights with its config changed by ``fields``, on the RL task
-    stream that follows its SFT, and with its evaluation before RL (not measured again)."""
+def arm_trainer(start, **fields):
+    """The trainer of an arm, not yet trained: a copy of ``start``'s weights, its config changed
+    by ``fields``, the RL task stream that follows its SFT, and its evaluation before RL."""
     config = dataclasses.replace(start.config, sft_steps=0, **fields)
     trainer = type(start)(config, model=copy.deepcopy(start.model), tokenizer=start.tokenizer)
     trainer.sft_history = list(start.sft_history)
     trainer.problem_rng.setstate(start.rl_tasks)  # the RL tasks follow the warm start's
     trainer.evals["before"] = start.evals["before"]
+    return trainer
+
+
+def train_arm(start, **fields):
+    """RL from a copy of ``start``'s weights with its config changed by ``fields``, on the RL task
+    stream that follows its SFT, and with its evaluation before RL (not measured again)."""
+    trainer = arm_trainer(start, **fields)
     trainer.train()
     return trainer
