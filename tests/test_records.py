@@ -272,6 +272,19 @@ def test_cells_of_trainers_trained_elsewhere_equal_the_runners(fake_lab):
         records.measure_cells("fake", {"nope": trainers["a"]}, 1)
 
 
+def test_a_seed_whose_package_files_changed_while_it_ran_is_refused(fake_lab, monkeypatch):
+    """A record names the code its numbers come from by the files' digests at measuring time: a
+    file edited between a seed's start and its measurement would be named, but not what ran."""
+    at_start = records._package_digests()
+    assert at_start["utils.py"] is not None  # run_cells' setup() loads it
+    monkeypatch.setattr(records, "_package_digests", lambda: {**at_start, "utils.py": "before"})
+    with pytest.raises(RecordError, match=r"seed 1: package files changed while it ran \(utils.py"):
+        records.run_cells("fake", 1, ["a"])
+    monkeypatch.setattr(records, "_package_digests", lambda: at_start)
+    cells, _ = records.run_cells("fake", 1, ["a"])
+    assert cells["a"]["source"]["utils.py"] == at_start["utils.py"]
+
+
 def test_a_record_reports_the_package_files_that_changed_since(tmp_path):
     import agentic_rl.gigpo  # noqa: F401  (loaded, so that it has a hash)
 

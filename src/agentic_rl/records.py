@@ -144,8 +144,17 @@ def source_hashes(modules=None) -> dict[str, str]:
         rel = Path(path).resolve().relative_to(_PACKAGE).as_posix()
         if Path(rel).name in _NOT_RESULTS:
             continue
-        out[rel] = hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+        out[rel] = _digest(Path(path))
     return out
+
+
+def _digest(path: Path) -> str | None:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
+
+
+def _package_digests() -> dict[str, str | None]:
+    """Every package source file's digest now (a seed's modules are imported as it runs)."""
+    return {p.relative_to(_PACKAGE).as_posix(): _digest(p) for p in _PACKAGE.rglob("*.py")}
 
 
 def _commit() -> str:
@@ -210,10 +219,20 @@ def run_cells(
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
     setup(seed, threads=1 if device == "cpu" else None)
+    at_start = _package_digests()
     t0 = time.perf_counter()
     trainers = module.train(seed, arms, profile=profile, device=device, **overrides)
     wall = (time.perf_counter() - t0) / len(arms)  # the arms share their warm start: a share each
-    return measure_cells(lab, trainers, seed, profile=profile, device=device, wall_s=wall), trainers
+    cells = measure_cells(lab, trainers, seed, profile=profile, device=device, wall_s=wall)
+    # the digests are of the files at measuring time: the code that ran must be what they name
+    source = next(iter(cells.values()))["source"]
+    edited = sorted(rel for rel, digest in source.items() if at_start.get(rel) != digest)
+    if edited:
+        raise RecordError(
+            f"{lab}, seed {seed}: package files changed while it ran ({', '.join(edited)}); "
+            "its cells are not written: run it again"
+        )
+    return cells, trainers
 
 
 def measure_cells(lab: str, trainers: dict, seed: int, *, profile: str = "quick",
@@ -470,8 +489,7 @@ class Record:
         changed = []
         for rel, digest in recorded.items():
             path = _PACKAGE / rel
-            now = hashlib.sha256(path.read_bytes()).hexdigest()[:16] if path.exists() else None
-            if now != digest:
+            if _digest(path) != digest:
                 changed.append(rel)
         return changed
 
