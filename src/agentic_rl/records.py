@@ -69,6 +69,7 @@ EXPERIMENTS = {
     "grpo": "agentic_rl.experiments.grpo",
     "pretrained": "agentic_rl.experiments.pretrained",
     "rcgrpo": "agentic_rl.experiments.rcgrpo",
+    "retool": "agentic_rl.experiments.retool",
     "starpo": "agentic_rl.experiments.starpo",
 }
 # A lab outside the package (a course's own) registers as AGENTIC_RL_EXPERIMENTS="name=module,...".
