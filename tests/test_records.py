@@ -375,3 +375,22 @@ def test_an_arm_from_a_kept_warm_start_is_the_recorded_arm(tiny_config):
     assert start.rl_tasks != random.Random(config.seed).getstate()  # SFT drew from the stream
     assert not all(torch.equal(p, q) for p, q in zip(lab.model.parameters(),
                                                      lab_start.model.parameters()))  # a copy
+
+
+def test_a_retool_arm_refuses_the_other_cold_start():
+    """The GRPO-RoC arms train from the cold start with retry traces, the others from the plain
+    one: an arm given the wrong start says which it needs (a silent mix-up would record another
+    experiment), and the arms record every gradient step's pre-clip norm."""
+    from agentic_rl.experiments import retool
+
+    small = dict(sft_steps=2, max_steps=1, eval_size=4, eval_samples=1, prompts_per_step=2,
+                 num_generations=2, tool_workers=1)
+    plain = retool.warm_start(0, **small)
+    with pytest.raises(ValueError, match=r"retry_traces=True"):
+        retool.train_arm(plain, "GRPO-RoC, retry traces")
+    arm = retool.train_arm(plain, "unmasked")
+    c = arm.config  # one gradient step per minibatch and pass over the batch
+    assert len(arm.grad_norms) == c.max_steps * c.num_iterations * c.num_minibatches > 0
+    measured = retool.measure(arm, "unmasked", 0)
+    assert measured["metrics"]["gradient_steps"] == len(measured["curves"]["pre_clip_norm"])
+    plain.close()
