@@ -38,6 +38,13 @@ part 1's); by default the sizes are the CPU profile's, so the two machines run t
 ``--quick``: a smoke run of about a minute on CPU (repeats 1, steps 1, batch 4, one prompt of 4
 episodes per RL step, no warm-up step, 2 SFT steps of 4 demonstrations, 50 tiny SFT steps). One
 torch thread by default.
+
+``--smoke``: a few-second check that the whole script runs: ``--quick``'s sizes cut further (2
+episodes, groups of 2, 1 SFT step each), on the CPU, with the packaged model's tokenizer and chat
+template on a randomly initialised Llama of the smallest shape in place of its 135M weights
+(``bench_pretrained.tiny_pretrained``), and the smallest tiny Llama in place of the quick one;
+its figures mean nothing. Where the packaged model is not installed it says so and runs the tiny
+Llama alone.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -68,8 +76,9 @@ from agentic_rl.multiturn import rollout_multiturn
 from agentic_rl.retool import ReToolConfig, ReToolTrainer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_grpo import _sync  # noqa: E402  (CUDA / MPS synchronisation around each timing)
+from bench_grpo import SMOKE_MODEL, _sync  # noqa: E402  (CUDA / MPS synchronisation, --smoke)
 from bench_multiturn import machine_info  # noqa: E402  (CPU model, torch version, device name)
+from bench_pretrained import tiny_pretrained  # noqa: E402  (--smoke's stand-in for SmolLM2)
 
 # --------------------------------------------------------------------------------------------------
 # the tool's clock: every sandbox call of a turn goes through an env class's _run_programs
@@ -233,6 +242,7 @@ def real_trainer(args, device: str) -> tuple[ReToolTrainer, float]:
         over = {**cpu_sizes(ReToolConfig, "pretrained"), **over}
     if args.prompts_per_step:
         over["prompts_per_step"] = args.prompts_per_step
+    over.update(args.real_sizes)
     config = ReToolConfig.from_profile("pretrained", **over)
     return ReToolTrainer(config, base=(copy.deepcopy(model), tok)), load_s
 
@@ -240,7 +250,7 @@ def real_trainer(args, device: str) -> tuple[ReToolTrainer, float]:
 def tiny_trainer(args, device: str) -> ReToolTrainer:
     config = ReToolConfig.from_profile(
         "quick", disable_tqdm=True, device=device, output_dir=None, seed=args.seed,
-        sft_steps=args.tiny_sft_steps, max_steps=args.warmup + args.steps,
+        sft_steps=args.tiny_sft_steps, max_steps=args.warmup + args.steps, **args.tiny_sizes,
     )
     return ReToolTrainer(config)
 
@@ -343,18 +353,41 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default) [1]")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write results and machine info as JSON here")
+    p.add_argument("--smoke", action="store_true",
+                   help="a few-second check that the script runs: --quick cut further, with a "
+                        "tiny random model on the packaged tokenizer (figures mean nothing)")
     args = p.parse_args(argv)
+    args.real_sizes, args.tiny_sizes = {}, {}  # config overrides of each model's profile
+    if args.smoke:
+        args.quick, args.device, args.batch, args.max_action_tokens = True, "cpu", 2, 8
+        args.tiny_sft_steps, args.sft_batch_size = 1, 2
+        args.real_sizes = dict(num_generations=2, eval_size=2)
+        args.tiny_sizes = dict(
+            SMOKE_MODEL, prompts_per_step=1, num_generations=2, sft_batch_size=2, eval_size=2
+        )
     if args.quick:
         args.repeats, args.steps = 1, 1
         args.batch = args.batch or 4
         args.prompts_per_step = args.prompts_per_step or 1
         args.warmup = 0 if args.warmup is None else args.warmup
         args.tiny_sft_steps = args.tiny_sft_steps or 50
-        args.sft_steps, args.sft_batch_size = 2, args.sft_batch_size or 4
+        args.sft_steps, args.sft_batch_size = 1 if args.smoke else 2, args.sft_batch_size or 4
     args.warmup = 1 if args.warmup is None else args.warmup
     args.tiny_sft_steps = 400 if args.tiny_sft_steps is None else args.tiny_sft_steps
     if args.threads > 0:
         torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory() as folder:
+        if args.smoke:
+            try:
+                args.model = tiny_pretrained(folder)
+            except FileNotFoundError as err:  # the package (or the gguf reader) is not installed
+                print(f"smoke: skipped the real model: {err}", flush=True)
+                args.model = None
+        return run(args)
+
+
+def run(args) -> int:
+    """Both models' measurements and the report."""
     device = get_device(args.device)
     info = machine_info(device)
     desc = info["cuda_device_name"] or info["cpu_model"] or "unknown CPU"
@@ -362,15 +395,18 @@ def main(argv=None) -> int:
           f"torch {info['torch']}, transformers {info['transformers']}; device {device}; "
           f"{info['date']}", flush=True)
     t_start = time.perf_counter()
-    results = []
-    real, load_s = real_trainer(args, str(device))
-    info["load_s"] = load_s
-    print(f"loaded {args.model} in {load_s:.1f} s", flush=True)
-    c = real.config
-    batch = args.batch or (c.prompts_per_step * c.num_generations if args.gpu_sizes else 16)
-    name = "SmolLM2-135M-Instruct" if args.model == "smollm2-135m-instruct" else args.model
-    results.append(run_model(f"{name} + LoRA", real, args, batch=batch))
-    del real
+    results, batch = [], args.batch
+    if args.model:  # None: --smoke, and the packaged model is not installed
+        real, load_s = real_trainer(args, str(device))
+        info["load_s"] = load_s
+        print(f"loaded {args.model} in {load_s:.1f} s", flush=True)
+        c = real.config
+        batch = batch or (c.prompts_per_step * c.num_generations if args.gpu_sizes else 16)
+        name = "SmolLM2-135M-Instruct" if args.model == "smollm2-135m-instruct" else args.model
+        if args.smoke:
+            name = "tiny random Llama, SmolLM2's tokenizer"
+        results.append(run_model(f"{name} + LoRA", real, args, batch=batch))
+        del real
     results.append(run_model("tiny Llama (quick)", tiny_trainer(args, str(device)), args,
                              batch=batch))
     info["total_s"] = time.perf_counter() - t_start

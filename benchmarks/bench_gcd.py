@@ -11,9 +11,12 @@
    hidden-state passes).
 3. What GCD adds to a GRPO step of the quick profile (8 tasks x 8 episodes, coupling
    measurements off): the loss stage (forward pass, loss, backward pass) of one fixed rollout batch
-   with ``judge_weight`` 0 and 0.5 (timed in turn), and the difference as a share of a whole plain step. One batch
-   for both, so the rollouts' lengths cannot differ. Medians over repeats, after a warm-up, on the
-   untrained quick model (speed hardly depends on the weights).
+   with ``judge_weight`` 0 and 0.5 (timed in turn), and the difference as a share of a whole plain
+   step. One batch for both, so the rollouts' lengths cannot differ. Medians over repeats, after a
+   warm-up, on the untrained quick model (speed hardly depends on the weights).
+
+``--smoke``: a few-second check that the whole script runs (1 repeat, 20 resets and 10 expert
+episodes, the smallest tiny model and a 2 x 2 batch); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -40,6 +43,9 @@ from agentic_rl.gcd import GCDTrainer, measure_coupling
 from agentic_rl.rollout import Batch
 from agentic_rl.utils import setup
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grpo import SMOKE_BATCH, SMOKE_MODEL  # noqa: E402  (--smoke's sizes)
+
 
 def median_s(fn, repeats: int) -> float:
     times = []
@@ -50,10 +56,10 @@ def median_s(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def env_costs(repeats: int) -> dict:
+def env_costs(repeats: int, resets: int = 2000, episodes: int = 1000) -> dict:
     env = HouseholdEnv()
 
-    def episodes(n):
+    def run_episodes(n):
         def run():
             for i in range(n):
                 env.reset(i)
@@ -63,19 +69,20 @@ def env_costs(repeats: int) -> dict:
 
         return run
 
-    def resets():
-        for i in range(2000):
+    def reset_many():
+        for i in range(resets):
             env.reset(i)
 
     return {
-        "reset (task and plan), us": median_s(resets, repeats) / 2000 * 1e6,
-        "expert episode, us": median_s(episodes(1000), repeats) / 1000 * 1e6,
+        "reset (task and plan), us": median_s(reset_many, repeats) / resets * 1e6,
+        "expert episode, us": median_s(run_episodes(episodes), repeats) / episodes * 1e6,
     }
 
 
-def gradient_costs(repeats: int) -> dict:
+def gradient_costs(repeats: int, **overrides) -> dict:
+    """``overrides``: config fields (``--smoke``: a tiny model and batch)."""
     setup(0)
-    trainer = GCDTrainer(GCDConfig(sft_steps=0, disable_tqdm=True, device="cpu"))
+    trainer = GCDTrainer(GCDConfig(sft_steps=0, disable_tqdm=True, device="cpu", **overrides))
     model = trainer.model
     a, b = trainer.probes["train"]
     rows = Batch.cat([a, b], trainer.tokenizer.pad_token_id)  # 2 x 16 probe rows
@@ -104,11 +111,11 @@ def gradient_costs(repeats: int) -> dict:
     }
 
 
-def step_costs(repeats: int) -> dict:
+def step_costs(repeats: int, **overrides) -> dict:
     """The loss stage (forward, loss, backward) of one fixed rollout batch, with and without the
-    judgement; and a whole plain GRPO step for scale."""
+    judgement; and a whole plain GRPO step for scale. ``overrides``: config fields."""
     setup(0)
-    cfg = GCDConfig(sft_steps=0, coupling_every=0, disable_tqdm=True, device="cpu")
+    cfg = GCDConfig(sft_steps=0, coupling_every=0, disable_tqdm=True, device="cpu", **overrides)
     trainer = GCDTrainer(cfg)
     trainer.rl_step()  # warm-up
     out = {
@@ -140,14 +147,22 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", default=None, help="also write the results as JSON here")
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few-second check that the script runs: 1 repeat, few episodes, "
+                             "the smallest tiny model, 2 x 2 batch (figures mean nothing)")
     args = parser.parse_args(argv)
+    env_sizes, overrides = {}, {}
+    if args.smoke:
+        args.repeats = 1
+        env_sizes = dict(resets=20, episodes=10)
+        overrides = {**SMOKE_MODEL, **SMOKE_BATCH}
     torch.set_num_threads(1)
     results = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, "
         f"{torch.get_num_threads()} thread",
-        "environment": env_costs(args.repeats),
-        "coupling": gradient_costs(args.repeats),
-        "step": step_costs(args.repeats),
+        "environment": env_costs(args.repeats, **env_sizes),
+        "coupling": gradient_costs(args.repeats, **overrides),
+        "step": step_costs(args.repeats, **overrides),
     }
     for section, values in results.items():
         if isinstance(values, str):

@@ -16,6 +16,9 @@ several turns), medians over ``--repeats`` fresh rollouts of:
 
 And the pure function alone on a batch of the paper's shape (16 groups x 8 episodes x 50 steps =
 6400 step rows, anchors drawn from 20 states per group), to see how it scales.
+
+``--smoke``: a few-second check that the whole script runs (1 repeat, 1 SFT step, the smallest
+tiny model and a 2 x 2 batch); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ except ImportError:  # run from a checkout without installing
 from agentic_rl.gigpo import GiGPOConfig, GiGPOTrainer, anchor_groups, gigpo_advantages
 from agentic_rl.utils import setup
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grpo import SMOKE_BATCH, SMOKE_MODEL  # noqa: E402  (--smoke's sizes)
+
 
 def timed(fn):
     t = time.perf_counter()
@@ -44,10 +50,11 @@ def timed(fn):
     return out, time.perf_counter() - t
 
 
-def recipe_costs(repeats: int, sft_steps: int, env: str) -> dict:
+def recipe_costs(repeats: int, sft_steps: int, env: str, **overrides) -> dict:
+    """``overrides``: config fields on top of the quick profile (``--smoke``: a tiny model)."""
     setup(0)
     config = GiGPOConfig.from_profile(
-        "quick", env=env, sft_steps=sft_steps, disable_tqdm=True, device="cpu"
+        "quick", env=env, sft_steps=sft_steps, disable_tqdm=True, device="cpu", **overrides
     )
     trainer = GiGPOTrainer(config)
     trainer.sft()
@@ -104,12 +111,21 @@ def main() -> None:
     parser.add_argument("--sft-steps", type=int, default=100)
     parser.add_argument("--env", default="frozenlake")
     parser.add_argument("--out", default=None)
+    parser.add_argument("--smoke", action="store_true",
+                        help="a few-second check that the script runs: 1 repeat, 1 SFT step, "
+                             "the smallest tiny model, 2 x 2 batch (figures mean nothing)")
     args = parser.parse_args()
+    overrides = {}
+    if args.smoke:
+        args.repeats, args.sft_steps = 1, 1
+        overrides = {**SMOKE_MODEL, **SMOKE_BATCH}
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cpus, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}",
         "repeats": args.repeats,
-        "recipe (quick profile)": recipe_costs(args.repeats, args.sft_steps, args.env),
+        "recipe (quick profile)": recipe_costs(
+            args.repeats, args.sft_steps, args.env, **overrides
+        ),
         "paper-shaped batch": paper_shape_cost(args.repeats),
     }
     print(json.dumps(result, indent=2))

@@ -1,6 +1,7 @@
 """What a GRPO step of the ``pretrained`` profile costs (SmolLM2-135M-Instruct + LoRA), and where.
 
-    OMP_NUM_THREADS=1 python benchmarks/bench_pretrained.py [--steps 6] [--out bench_pretrained.json]
+    OMP_NUM_THREADS=1 python benchmarks/bench_pretrained.py [--steps 6]
+        [--out bench_pretrained.json]
 
 1. Loading the packaged model (GGUF, dequantized to float32): seconds, once.
 2. Whole GRPO steps of the profile (4 prompts x 4 answers, 12 tokens at most, KL to the base
@@ -11,6 +12,12 @@
 
 Medians over the steps (after one warm-up step); the machine is shared, so quote medians, and run
 with one thread. Runs on CUDA when one is available (``--device``).
+
+``--smoke``: a few-second check that the whole script runs: the packaged model's tokenizer and
+chat template on a randomly initialised Llama of the smallest shape (:func:`tiny_pretrained`:
+dequantizing the real 135M weights alone takes 15-20 s), 2 prompts x 2 answers, one timed step,
+on the CPU; its figures mean nothing. Where the packaged model is not installed it says so and
+skips the rest.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 
 try:
@@ -33,8 +41,31 @@ except ImportError:  # run from a checkout without installing
 import torch
 
 from agentic_rl.grpo import GRPOConfig
-from agentic_rl.models import load_pretrained
+from agentic_rl.models import load_pretrained, resolve_model
 from agentic_rl.grpo import GRPOTrainer
+
+PACKAGED = "smollm2-135m-instruct"
+
+
+def tiny_pretrained(folder: str, name: str = PACKAGED) -> str:
+    """Save to ``folder`` a stand-in for the packaged model ``name`` and return the folder: its
+    tokenizer and chat template (read from the package's GGUF file: the package must be installed)
+    on a randomly initialised Llama of the smallest shape. ``load_pretrained(folder)`` and
+    ``model_name_or_path=folder`` then take the pretrained path in seconds (the ``--smoke`` runs of
+    this script and of ``bench_agent_llm.py``)."""
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    where, gguf_file = resolve_model(name)
+    tokenizer = AutoTokenizer.from_pretrained(where, gguf_file=gguf_file)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, intermediate_size=64, tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
 
 
 def main() -> None:
@@ -42,16 +73,34 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6, help="timed steps (after one warm-up)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--out", default=None, help="write the figures as JSON here")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a few-second check that the script runs: a tiny random model with the "
+                         "packaged tokenizer, 2 x 2 answers, 1 step (figures mean nothing)")
     args = ap.parse_args()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as folder:
+        run(args, folder)
+
+
+def run(args, folder: str) -> None:
+    """The measurements; ``folder``: a scratch folder (``--smoke`` saves its stand-in there)."""
+    name, sizes = PACKAGED, {}
+    if args.smoke:
+        args.steps, args.device = 1, "cpu"
+        try:
+            name = tiny_pretrained(folder)
+        except FileNotFoundError as err:  # the package (or the gguf reader) is not installed
+            print(f"smoke: skipped the measurements: {err}")
+            return
+        sizes = dict(model_name_or_path=name, prompts_per_step=2, num_generations=2, eval_size=2)
 
     t0 = time.perf_counter()
-    base = load_pretrained("smollm2-135m-instruct")
+    base = load_pretrained(name)
     load_s = time.perf_counter() - t0
 
     config = GRPOConfig.from_profile(
-        "pretrained", disable_tqdm=True, device=args.device, max_steps=args.steps + 1
+        "pretrained", disable_tqdm=True, device=args.device, max_steps=args.steps + 1, **sizes
     )
     trainer = GRPOTrainer(config, base=(copy.deepcopy(base[0]), base[1]))
     trainer.rl_step()  # warm-up
@@ -77,7 +126,8 @@ def main() -> None:
     loss_on, loss_off = (statistics.median(times[k]) for k in (True, False))
 
     figures = {
-        "machine": f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} thread(s)",
+        "machine": f"{platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} thread(s)",
         "device": str(trainer.device),
         "load_s": round(load_s, 1),
         "step_s": round(step, 2),

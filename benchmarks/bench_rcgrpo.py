@@ -13,6 +13,9 @@
    methods: in ``step`` alone (the calls and the final state check), and in all of its work
    (construction, ``reset``, ``task_family`` and ``step``; nested calls counted once). Medians
    over repeats, after one warm-up step.
+
+``--smoke``: a few-second check that the whole script runs (1 repeat, 20 calls of each kind, the
+smallest tiny model and a 2 x 2 batch); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,9 @@ from agentic_rl.envs import FileSystemEnv
 from agentic_rl.rcgrpo import RCGRPOTrainer
 from agentic_rl.utils import setup
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grpo import SMOKE_BATCH, SMOKE_MODEL  # noqa: E402  (--smoke's sizes)
+
 
 def per_call_us(fn, n: int, repeats: int) -> float:
     """Median over ``repeats`` of the mean time of ``n`` calls ``fn(i)``, in microseconds."""
@@ -49,7 +55,9 @@ def per_call_us(fn, n: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def env_costs(repeats: int) -> dict:
+def env_costs(repeats: int, calls: int | None = None) -> dict:
+    """``calls``: calls of each kind per repeat (default: 5000 resets and state checks, 2000
+    expert episodes)."""
     env = FileSystemEnv()
 
     def expert_episode(i):
@@ -71,18 +79,20 @@ def env_costs(repeats: int) -> dict:
     def state_check(i):
         finished[i % len(finished)].score()
 
+    many, fewer = (calls, calls) if calls else (5000, 2000)
     return {
-        "reset (task generation)": per_call_us(lambda i: env.reset(i), 5000, repeats),
-        "expert episode (calls, done, state check)": per_call_us(expert_episode, 2000, repeats),
-        "state check alone (golden replay + compare)": per_call_us(state_check, 5000, repeats),
+        "reset (task generation)": per_call_us(lambda i: env.reset(i), many, repeats),
+        "expert episode (calls, done, state check)": per_call_us(expert_episode, fewer, repeats),
+        "state check alone (golden replay + compare)": per_call_us(state_check, many, repeats),
     }
 
 
 TIMED = ("__init__", "reset", "task_family", "step")
 
 
-def step_costs(repeats: int) -> dict:
-    """One RC-GRPO step, split into rollout and update, and the environment's share."""
+def step_costs(repeats: int, **overrides) -> dict:
+    """One RC-GRPO step, split into rollout and update, and the environment's share.
+    ``overrides``: config fields on top of the quick profile (``--smoke``: a tiny model)."""
     spent = dict.fromkeys(TIMED, 0.0)
     depth = [0]  # reset calls make_task, task_family too: count the outermost call only
     originals = {name: getattr(FileSystemEnv, name) for name in TIMED}
@@ -103,7 +113,9 @@ def step_costs(repeats: int) -> dict:
         return wrapper
 
     setup(0)
-    cfg = RCGRPOConfig.from_profile("quick", sft_steps=0, disable_tqdm=True, device="cpu")
+    cfg = RCGRPOConfig.from_profile(
+        "quick", sft_steps=0, disable_tqdm=True, device="cpu", **overrides
+    )
     trainer = RCGRPOTrainer(cfg)
     rollout_seconds = [0.0]
     rollout = trainer.rollout
@@ -148,7 +160,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a few-second check that the script runs: 1 repeat, 20 env calls, the "
+                         "smallest tiny model, 2 x 2 batch (figures mean nothing)")
     args = ap.parse_args()
+    calls, overrides = None, {}
+    if args.smoke:
+        args.repeats, calls = 1, 20
+        overrides = {**SMOKE_MODEL, **SMOKE_BATCH}
     torch.set_num_threads(1)
     result = {
         "machine": {
@@ -159,8 +178,8 @@ def main() -> None:
             "loadavg_start": os.getloadavg()[0],
             "date": time.strftime("%Y-%m-%d %H:%M"),
         },
-        "env_us": env_costs(args.repeats),
-        "step": step_costs(args.repeats),
+        "env_us": env_costs(args.repeats, calls),
+        "step": step_costs(args.repeats, **overrides),
     }
     result["machine"]["loadavg_end"] = os.getloadavg()[0]
     print(f"machine: {result['machine']}")

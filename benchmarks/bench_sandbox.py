@@ -20,11 +20,15 @@ Measured, for trivial arithmetic snippets (``print(i * i)``), with ``torch`` nev
   COMMIT:src/agentic_rl/sandbox.py > /tmp/sandbox_before.py``): the per-call cost, with the calls
   to each taken in turn so that a loaded machine weighs on all alike, and a Pool(1)'s start-up;
 - the reliability review's head-of-line scenario: 50 requests at once on ``Pool(2)``, every fifth
-  a busy loop (1 s deadline): the harmless ones' latency, on a fresh pool and on the same pool again.
+  a busy loop (1 s deadline): the harmless ones' latency, on a fresh pool and on the same pool
+  again.
 
 Every figure is the median over ``--repeats`` repeats after one warm-up (latencies: the median call
 of each repeat, then the median of those; interleaved calls: the median of all). Prints a table;
 writes nothing.
+
+``--smoke``: a few-second check that the whole script runs (1 repeat, 2 calls, 4 snippets, the
+head-of-line scenario cut to 10 requests with a 0.2 s deadline); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -121,17 +125,19 @@ def launcher_rows(args, codes) -> list:
         pool.close()
     rows = []
     for name in pools:
-        rows.append((f"{name}: Pool(1).run() per call, interleaved", statistics.median(times[name]), "ms"))
+        per_call = statistics.median(times[name])
+        rows.append((f"{name}: Pool(1).run() per call, interleaved", per_call, "ms"))
         rows.append((f"{name}: Pool(1) start-up + close", starts[name], "ms"))
     return rows
 
 
-def mixed_rows(args) -> list:
+def mixed_rows(args, requests: int = 50, timeout_s: float = 1.0) -> list:
     """The reliability review's head-of-line scenario: 50 requests at once on Pool(2), every fifth
     a busy loop (1 s deadline); latency of the 40 harmless ones, on a fresh pool and again."""
-    codes = ["while True: pass" if i % 5 == 2 else f"print({i} * {i})" for i in range(50)]
+    codes = ["while True: pass" if i % 5 == 2 else f"print({i} * {i})" for i in range(requests)]
+    busy = sum("while" in code for code in codes)
     rows = []
-    with sandbox.Pool(2, timeout_s=1.0) as pool:
+    with sandbox.Pool(2, timeout_s=timeout_s) as pool:
         pool.map(["pass"] * 2)
         for round_ in ("fresh pool", "second round"):
             done, lock, start = {}, threading.Lock(), time.monotonic()
@@ -141,15 +147,16 @@ def mixed_rows(args) -> list:
                 with lock:
                     done[i] = time.monotonic() - start
 
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(50)]
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(requests)]
             for t in threads:
                 t.start()
             for t in threads:
                 t.join()
-            harmless = sorted(done[i] for i in range(50) if "while" not in codes[i])
+            harmless = sorted(done[i] for i in range(requests) if "while" not in codes[i])
             p50, p95 = harmless[len(harmless) // 2], harmless[int(0.95 * len(harmless))]
-            rows.append((f"10 busy loops among 50, {round_}: harmless p50", p50, "ms"))
-            rows.append((f"10 busy loops among 50, {round_}: harmless p95", p95, "ms"))
+            mix = f"{busy} busy loops among {requests}, {round_}"
+            rows.append((f"{mix}: harmless p50", p50, "ms"))
+            rows.append((f"{mix}: harmless p95", p95, "ms"))
     return rows
 
 
@@ -171,7 +178,14 @@ def main(argv=None) -> int:
     p.add_argument("--no-launchers", action="store_true", help="skip the per-launcher rows")
     p.add_argument("--before", help="a sandbox.py of an earlier commit, for the launcher rows")
     p.add_argument("--no-mixed", action="store_true", help="skip the busy-loop mix")
+    p.add_argument("--smoke", action="store_true",
+                   help="a few-second check that the script runs: 1 repeat, 2 calls, 4 snippets, "
+                        "10 requests in the busy-loop mix (figures mean nothing)")
     args = p.parse_args(argv)
+    mix = {}
+    if args.smoke:
+        args.calls, args.snippets, args.one_offs, args.repeats = 2, 4, 1, 1
+        mix = dict(requests=10, timeout_s=0.2)
     info = machine_info()
     codes = [f"print({i} * {i})" for i in range(args.snippets)]
 
@@ -234,7 +248,7 @@ def main(argv=None) -> int:
     if not args.no_launchers:
         rows += launcher_rows(args, codes)
     if not args.no_mixed:
-        rows += mixed_rows(args)
+        rows += mixed_rows(args, **mix)
     assert "torch" not in sys.modules, "the sandbox benchmark must not import torch"
     info["loadavg_end"] = os.getloadavg()
 

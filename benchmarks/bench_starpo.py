@@ -9,6 +9,9 @@
    rollout and the update, with no filter (4 gradient steps of 32 trajectories) and with StarPO-S's
    top-25 % filter (1 gradient step): medians over repeats of ``rl_step`` on the SFT-free tiny
    model (speed hardly depends on the weights).
+
+``--smoke``: a few-second check that the whole script runs (1 repeat, 20 calls of each kind, the
+smallest tiny model and a batch of 4 x 2 episodes); its figures mean nothing.
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from agentic_rl.envs.sokoban import solve
 from agentic_rl.starpo import StarPOTrainer
 from agentic_rl.utils import setup
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grpo import SMOKE_BATCH, SMOKE_MODEL  # noqa: E402  (--smoke's sizes)
+
 
 def per_call_us(fn, n: int, repeats: int) -> float:
     """Median over ``repeats`` of the mean time of ``n`` calls ``fn(i)``, in microseconds."""
@@ -46,7 +52,8 @@ def per_call_us(fn, n: int, repeats: int) -> float:
     return statistics.median(times)
 
 
-def env_costs(repeats: int) -> dict:
+def env_costs(repeats: int, calls: int | None = None) -> dict:
+    """``calls``: calls of each kind per repeat (default: 1000 to 5000 by kind)."""
     bandit = BanditEnv()
     lake = MultiActionEnv(
         FrozenLakeEnv(3, is_slippery=True, max_turns=10), max_actions_per_turn=2, max_actions=10
@@ -57,28 +64,35 @@ def env_costs(repeats: int) -> dict:
         soko.reset(i)
         solve(soko.walls, soko.box, soko.target, soko.player)
 
+    def n(default: int) -> int:
+        return calls or default
+
     return {
         "bandit reset + step": per_call_us(
-            lambda i: (bandit.reset(i), bandit.step("dragon")), 5000, repeats
+            lambda i: (bandit.reset(i), bandit.step("dragon")), n(5000), repeats
         ),
         "frozenlake 3x3 reset + one 2-action turn": per_call_us(
-            lambda i: (lake.reset(i), lake.step("right || down")), 2000, repeats
+            lambda i: (lake.reset(i), lake.step("right || down")), n(2000), repeats
         ),
-        "sokoban reset (generate + BFS check)": per_call_us(lambda i: soko.reset(i), 2000, repeats),
+        "sokoban reset (generate + BFS check)": per_call_us(
+            lambda i: soko.reset(i), n(2000), repeats
+        ),
         "sokoban reset + one step": per_call_us(
-            lambda i: (soko.reset(i), soko.step("up")), 2000, repeats
+            lambda i: (soko.reset(i), soko.step("up")), n(2000), repeats
         ),
-        "sokoban reset + BFS from the start": per_call_us(bfs, 1000, repeats),
+        "sokoban reset + BFS from the start": per_call_us(bfs, n(1000), repeats),
     }
 
 
-def step_costs(env: str, repeats: int) -> dict:
+def step_costs(env: str, repeats: int, **overrides) -> dict:
+    """``overrides``: config fields on top of the quick profile (``--smoke``: a tiny model)."""
     out = {}
     for arm, preset in (("StarPO (no filter)", "starpo"), ("StarPO-S (top 25 %)", "starpo-s")):
         setup(0)
         cfg = StarPOConfig.from_profile(
-            "quick", env=env, preset=preset, sft_steps=0, disable_tqdm=True, device="cpu"
-        )
+            "quick", env=env, preset=preset, sft_steps=0, disable_tqdm=True, device="cpu",
+            **overrides,
+        )  # fmt: skip
         trainer = StarPOTrainer(cfg)
         trainer.rl_step()  # warm-up
         rollout, update, steps = [], [], []
@@ -101,7 +115,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--smoke", action="store_true",
+                    help="a few-second check that the script runs: 1 repeat, 20 env calls, the "
+                         "smallest tiny model, 4 x 2 episodes (figures mean nothing)")
     args = ap.parse_args()
+    calls, overrides = None, {}
+    if args.smoke:  # 4 groups: StarPO-S's top 25 % keeps one
+        args.repeats, calls = 1, 20
+        overrides = {**SMOKE_MODEL, **SMOKE_BATCH, "prompts_per_step": 4}
     torch.set_num_threads(1)
     result = {
         "machine": {
@@ -112,9 +133,10 @@ def main() -> None:
             "loadavg_start": os.getloadavg()[0],
             "date": time.strftime("%Y-%m-%d %H:%M"),
         },
-        "env_us": env_costs(args.repeats),
+        "env_us": env_costs(args.repeats, calls),
         "step_ms": {
-            env: step_costs(env, args.repeats) for env in ("bandit", "frozenlake", "sokoban")
+            env: step_costs(env, args.repeats, **overrides)
+            for env in ("bandit", "frozenlake", "sokoban")
         },
     }
     result["machine"]["loadavg_end"] = os.getloadavg()[0]

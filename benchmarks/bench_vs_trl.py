@@ -33,12 +33,18 @@ path actually runs), against the matmul peak of this thread measured in the same
 
 The last line reads ``TRL/agentic_rl step-time ratio: X.XX`` (median TRL step over median step
 of this package's default fast settings; above 1 means this package is faster).
+
+``--smoke``: a few-second check that the whole script runs (the quick profile on the smallest
+tiny model and a 2 x 2 batch, one seed, one SFT step, one timed step, one timed update); its
+figures mean nothing. Where TRL is not installed it runs this package's side (warm start, a step
+and an update of each path) and says that it skipped TRL's.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import platform
@@ -62,6 +68,9 @@ from agentic_rl.rollout import first_scored_column, shared_prompts
 from agentic_rl.grpo import GRPOTrainer
 from agentic_rl.trl_bridge import trl_config_kwargs, trl_task
 from agentic_rl.utils import seed_everything
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_grpo import SMOKE_BATCH, SMOKE_MODEL  # noqa: E402  (--smoke's sizes)
 
 
 def log(msg: str) -> None:
@@ -127,10 +136,13 @@ def make_config(profile: str, seed: int, device: str, **overrides) -> GRPOConfig
     )
 
 
-def warm_start(profile: str, seed: int, device: str, sft_steps: int | None, folder: str) -> None:
-    """SFT from scratch with this package, then ``save_pretrained`` (model and tokenizer)."""
+def warm_start(
+    profile: str, seed: int, device: str, sft_steps: int | None, folder: str, **overrides
+) -> None:
+    """SFT from scratch with this package, then ``save_pretrained`` (model and tokenizer).
+    ``overrides``: config fields on top of the profile (``--smoke``'s tiny model and batch)."""
     extra = {} if sft_steps is None else {"sft_steps": sft_steps}
-    trainer = GRPOTrainer(make_config(profile, seed, device, **extra))
+    trainer = GRPOTrainer(make_config(profile, seed, device, **overrides, **extra))
     trainer.sft()
     trainer.model.save_pretrained(folder)
     trainer.tokenizer.save_pretrained(folder)
@@ -174,20 +186,40 @@ def trl_trainer(config, model, tok, dataset, reward_fn, *, out: str, max_steps: 
     return trainer
 
 
-def run_seed(args, seed: int, folder: str) -> dict:
-    from transformers import TrainerCallback
-
-    device = args.device
+def our_trainers(args, seed: int, folder: str) -> dict:
+    """This package's two sides, ``{"fast": trainer, "plain": trainer}``, each loading the warm
+    start saved in ``folder`` (or the packaged model)."""
     ours = {}  # path -> GRPOTrainer, each loading the same saved model
     for path, fast in (("fast", True), ("plain", False)):
         config = make_config(
-            args.profile, seed, device, sft_steps=0, log_kl=False, share_prompt_prefix=fast
-        )
+            args.profile, seed, args.device, sft_steps=0, log_kl=False, share_prompt_prefix=fast,
+            **args.overrides,
+        )  # fmt: skip
         if config.model_name_or_path:  # the packaged model, LoRA-wrapped by the trainer
             ours[path] = GRPOTrainer(config)
         else:
             model, tok = load_pretrained(folder)
             ours[path] = GRPOTrainer(config, model=model, tokenizer=tok)
+    return ours
+
+
+def smoke_without_trl(args) -> int:
+    """``--smoke`` where TRL is not installed: everything of this package's side (the warm start,
+    a step of each path, the timed updates), then one line saying what was skipped."""
+    with tempfile.TemporaryDirectory() as folder:
+        warm_start(args.profile, 0, args.device, args.sft_steps, folder, **args.overrides)
+        ours = our_trainers(args, 0, folder)
+        for trainer in ours.values():
+            trainer.rl_step()
+        time_updates(ours, args.repeats)
+    print("smoke: TRL is not installed; ran this package's side, skipped TRL's GRPOTrainer")
+    return 0
+
+
+def run_seed(args, seed: int, folder: str) -> dict:
+    from transformers import TrainerCallback
+
+    ours = our_trainers(args, seed, folder)
     config = ours["fast"].config
     steps = args.warmup + args.steps
     dataset, reward_fn = trl_task(
@@ -271,7 +303,7 @@ def time_updates(ours: dict, repeats: int) -> dict:
         for _ in range(repeats + 1):
             t0 = time.perf_counter()
             loss, _ = trainer.compute_loss(batch, advantages)
-            trainer._optimizer_step(loss)
+            trainer.optimizer_step(loss)  # (grad_norm, skipped): only the time matters here
             times.append(time.perf_counter() - t0)
         shared = trainer.config.share_prompt_prefix
         out[path] = {
@@ -360,7 +392,17 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--device", default="cpu")
     p.add_argument("--out", default=None)
+    p.add_argument("--smoke", action="store_true",
+                   help="a few-second check that the script runs: quick profile, smallest tiny "
+                        "model, 2 x 2 batch, one seed, 1 SFT step, 1 step (figures mean nothing)")
     args = p.parse_args(argv)
+    args.overrides = {}
+    if args.smoke:
+        args.profile, args.seeds, args.device = "quick", [0], "cpu"
+        args.steps, args.warmup, args.sft_steps, args.repeats = 1, 0, 1, 1
+        args.overrides = {**SMOKE_MODEL, **SMOKE_BATCH}
+        if importlib.util.find_spec("trl") is None:
+            return smoke_without_trl(args)
     if args.steps is None:
         args.steps = 20 if args.profile == "quick" else 5
     if args.profile == "pretrained":
@@ -381,7 +423,9 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as folder:
             if not packaged:
                 log(f"seed {seed}: warm start ...")
-                warm_start(args.profile, seed, args.device, args.sft_steps, folder)
+                warm_start(
+                    args.profile, seed, args.device, args.sft_steps, folder, **args.overrides
+                )
             log(f"seed {seed}: {args.warmup} + {args.steps} steps, interleaved ...")
             results.append(run_seed(args, seed, folder))
     meta["num_parameters"] = results[0].pop("num_parameters")

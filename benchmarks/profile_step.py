@@ -74,11 +74,17 @@ distinct prompt once plus every row's completion, counted as ``update_flops`` in
 tokens per step, the profiler events per step, and the five ops with the most self time per side.
 ``--out`` writes all of it, with each category's eight largest ops, as JSON. The sides sample
 their own completions (same prompts, different random streams), so their batches differ a little.
+
+``--smoke``: a few-second check that the whole script runs (the smallest tiny model and a 2 x 2
+batch, one SFT step, no warm-up, one unprofiled and one profiled step per side); its figures mean
+nothing. Where TRL is not installed it profiles this package's two sides and says that it skipped
+TRL's.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -91,7 +97,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# bench_vs_trl also puts the checkout's src/ on sys.path when agentic_rl is not installed
+# bench_grpo and bench_vs_trl put the checkout's src/ on sys.path when agentic_rl is not installed
+from bench_grpo import SMOKE_BATCH, SMOKE_MODEL  # --smoke's sizes
 from bench_vs_trl import log, make_config, run_info, trl_trainer, warm_start
 
 from agentic_rl.models import load_pretrained
@@ -266,8 +273,9 @@ def update_tokens(batch, shared: bool) -> int:
 
 def run_ours(args, folder: str, fast: bool) -> dict:
     config = make_config(
-        PROFILE, args.seed, "cpu", sft_steps=0, log_kl=False, share_prompt_prefix=fast
-    )
+        PROFILE, args.seed, "cpu", sft_steps=0, log_kl=False, share_prompt_prefix=fast,
+        **args.overrides,
+    )  # fmt: skip
     model, tok = load_pretrained(folder)
     trainer = GRPOTrainer(config, model=model, tokenizer=tok)
     window = Window(args.warmup, args.steps)
@@ -289,7 +297,7 @@ def run_trl(args, folder: str) -> dict:
     from transformers import TrainerCallback
 
     # this package's trainer only for its config and task (the ones bench_vs_trl hands TRL)
-    config = make_config(PROFILE, args.seed, "cpu", sft_steps=0, log_kl=False)
+    config = make_config(PROFILE, args.seed, "cpu", sft_steps=0, log_kl=False, **args.overrides)
     model, tok = load_pretrained(folder)
     ours = GRPOTrainer(config, model=model, tokenizer=tok)
     window = Window(args.warmup, args.steps)
@@ -406,15 +414,29 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first, per side")
     p.add_argument("--sft-steps", type=int, default=300, help="the warm start's SFT steps")
     p.add_argument("--out", default=None, help="write the raw numbers to this JSON file")
+    p.add_argument("--smoke", action="store_true",
+                   help="a few-second check that the script runs: smallest tiny model, 2 x 2 "
+                        "batch, 1 SFT step, 1 + 1 steps per side (figures mean nothing)")
     args = p.parse_args(argv)
+    args.overrides = {}
+    if args.smoke:
+        args.steps, args.warmup, args.sft_steps = 1, 0, 1
+        args.overrides = {**SMOKE_MODEL, **SMOKE_BATCH}
     torch.set_num_threads(1)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if args.smoke and importlib.util.find_spec("trl") is None:
+        with tempfile.TemporaryDirectory() as folder:
+            warm_start(PROFILE, args.seed, "cpu", args.sft_steps, folder, **args.overrides)
+            for side in ("plain", "fast"):
+                run_ours(args, folder, fast=side == "fast")
+        print("smoke: TRL is not installed; profiled this package's sides, skipped TRL's")
+        return 0
     meta = {**run_info(PROFILE), "args": vars(args)}
     t_start = time.perf_counter()
     results = {}
     with tempfile.TemporaryDirectory() as folder:
         log(f"warm start ({args.sft_steps} SFT steps) ...")
-        warm_start(PROFILE, args.seed, "cpu", args.sft_steps, folder)
+        warm_start(PROFILE, args.seed, "cpu", args.sft_steps, folder, **args.overrides)
         meta["warm_start_s"] = time.perf_counter() - t_start
         for side in SIDES:
             log(f"{NAMES[side]}: {args.warmup} + {args.steps} + {args.steps} steps ...")
