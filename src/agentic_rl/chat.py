@@ -49,6 +49,8 @@ __all__ = [
 
 #: What a user turn that carries the tool's answer starts with, when the template has no tool role.
 TOOL_PREFIX = "Output of the tool:\n"
+#: Breaks a special token's string in environment text (:meth:`ChatFormat.escape_markers`).
+ZERO_WIDTH_SPACE = "\u200b"
 #: message content that no template alters (a word between two invisible separators)
 _SENTINEL = "\u2063SENTINEL\u2063"
 
@@ -138,12 +140,31 @@ class ChatFormat:
     # ------------------------------------------------------------------ encoding, once per turn
     def prompt_ids(self, user_text: str) -> list[int]:
         """The conversation's opening as the model sees it: the template's system turn (its
-        default), the user's message, and the assistant's header, opened for the policy."""
-        text = chat_prompt(self.tokenizer, user_text)
+        default), the user's message (its marker strings escaped), and the assistant's header,
+        opened for the policy."""
+        text = chat_prompt(self.tokenizer, self.escape_markers(user_text))
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def escape_markers(self, text: str) -> str:
+        """``text`` with every special token's string (``<|im_end|>``, ``<|im_start|>``, ...)
+        broken by a zero-width space after its first character, so that encoding it gives none of
+        the tokenizer's special ids. Environment text is data: a tool that prints ``<|im_end|>``
+        must not end its own turn, nor open an assistant turn inside the training data. Text
+        without such strings is returned unchanged (so are its ids)."""
+        tok = self.tokenizer
+        added = getattr(tok, "added_tokens_decoder", {}).values()
+        specials = {str(s) for s in tok.all_special_tokens}
+        specials |= {t.content for t in added if getattr(t, "special", False)}
+        specials = [s for s in specials if len(s) > 1]  # a one-character marker cannot be broken
+        while hit := next((s for s in specials if s in text), None):
+            # each replacement removes one occurrence and can create none (none holds U+200B)
+            text = text.replace(hit, hit[0] + ZERO_WIDTH_SPACE + hit[1:])
+        return text
+
     def tool_text(self, observation: str) -> str:
-        """The tool turn's content: the observation, prefixed where the turn is a user's."""
+        """The tool turn's content: the observation (its marker strings escaped), prefixed where
+        the turn is a user's."""
+        observation = self.escape_markers(observation)
         return observation if self.tool_role == "tool" else TOOL_PREFIX + observation
 
     def observation_ids(self, observation: str, *, closed: bool = True) -> list[int]:
