@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import json
 import os
 import random
@@ -567,3 +568,47 @@ def test_ppo_default_takes_several_gradient_steps_so_both_clips_act():
     single = AgentTrainer(_config(max_steps=2, num_minibatches=1, cliprange_value=0.01))
     single.train()
     assert all(r["vf_clip_ratio"] == 0 for r in single.history)
+
+
+# ------------------------------------------------ one metric, one meaning in every agent recipe
+def _agent_recipes() -> list[str]:
+    from agentic_rl.cli import RECIPES, recipe
+
+    return [n for n in sorted(RECIPES) if issubclass(recipe(n).TRAINER, AgentTrainer)]
+
+
+@pytest.mark.parametrize("name", _agent_recipes())
+def test_success_and_turns_describe_the_whole_batch(name):
+    """``success_rate`` and ``num_turns`` are the whole rollout batch's, with 4 minibatches too
+    (they used to be the first minibatch's in five recipes and the whole batch's in two)."""
+    import test_hardening
+
+    from agentic_rl.cli import config_from_args, recipe
+
+    module = recipe(name)
+    argv = test_hardening._with(
+        test_hardening.TINY_RUNS[name], "--max-steps", "1"
+    )
+    fields = {f.name for f in dataclasses.fields(module.CONFIG)}
+    argv += ["--num-minibatches", "4"] if "num_minibatches" in fields else []
+    config = config_from_args(module.CONFIG, argv, name)
+    trainer = module.TRAINER(config)
+    trainer.sft()  # (a critic is built from the warm-started policy)
+    batches = []
+    rollout = trainer.rollout
+
+    def rollout_with_one_success():  # every minibatch's mean then differs from the whole batch's
+        batch = rollout()
+        x = batch.extras
+        x["success"] = torch.zeros_like(x["success"])
+        x["success"][0] = 1
+        batches.append(batch)
+        return batch
+
+    trainer.rollout = rollout_with_one_success
+    row = trainer.rl_step()
+    x = batches[0].extras
+    assert len(x["success"]) >= 4
+    assert row["success_rate"] == pytest.approx(x["success"].float().mean().item(), abs=1e-12)
+    assert row["num_turns"] == pytest.approx(x["num_turns"].float().mean().item(), abs=1e-12)
+    getattr(trainer, "close", lambda: None)()

@@ -188,12 +188,8 @@ class AgentTrainer(Trainer):
 
     @property
     def extra_metrics(self) -> tuple[str, ...]:
-        base = ("num_turns", "success_rate")
-        return base + (
-            ("value_loss", "vf_clip_ratio", "explained_variance", "value_mean")
-            if self.critic is not None
-            else ()
-        )
+        critic = ("value_loss", "vf_clip_ratio", "explained_variance", "value_mean")
+        return critic if self.critic is not None else ()
 
     def extra_state(self) -> dict:
         return {"critic": self.critic.state_dict() if self.critic is not None else None}
@@ -311,12 +307,19 @@ class AgentTrainer(Trainer):
             advantages = masked_whiten(advantages, mask)
         return advantages
 
+    def rollout_metrics(self, batch: Batch, keep: torch.Tensor | None) -> dict:
+        """Success and turns per episode over the whole rollout batch, filtered rows included
+        (``compute_loss`` sees one minibatch of the kept rows): one meaning in every recipe."""
+        x = batch.extras
+        return dict(
+            success_rate=x["success"].float().mean().item(),
+            num_turns=x["num_turns"].float().mean().item(),
+        )
+
     def compute_loss(
         self, batch: Batch, advantages: torch.Tensor, *, outputs: tuple | None = None
     ) -> tuple[torch.Tensor, dict]:
         loss, metrics = super().compute_loss(batch, advantages, outputs=outputs)
-        metrics["num_turns"] = batch.extras["num_turns"].float().mean().item()
-        metrics["success_rate"] = batch.extras["success"].float().mean().item()
         if self.critic is None:
             return loss, metrics
         c, mask = self.config, batch.loss_mask

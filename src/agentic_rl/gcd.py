@@ -120,7 +120,10 @@ class GCDConfig(AgentFields, HouseholdFields):
     judge_weight: float = _f(
         0.1,
         "lambda: weight of the judgement loss (generative classification of each action as good "
-        "or bad); 0 is plain GRPO on the same task.",
+        "or bad); 0 is plain GRPO on the same task. Above 0 the loss's forward pass is the plain "
+        "one over every column of every row (share_prompt_prefix and skip_prompt_logits do not "
+        "apply): the judgement reads logits at action columns anywhere in the episode, which the "
+        "fast paths do not return. The same log-probs up to float summation order.",
     )
     judge_labels: str = _f(
         "outcome",
@@ -550,6 +553,7 @@ class GCDTrainer(AgentTrainer):
         ``coupling_every`` steps: the coupling measurements on the in-domain probes."""
         kinds = [k for row in batch.extras["kinds"] for k in row]
         out = dict(
+            super().rollout_metrics(batch, keep),
             flawed_rate=kinds.count("flawed") / max(len(kinds), 1),
             invalid_rate=(kinds.count("invalid") + kinds.count("malformed")) / max(len(kinds), 1),
         )

@@ -413,11 +413,7 @@ class GiGPOTrainer(AgentTrainer):
 
     def rollout_metrics(self, batch: Batch, keep) -> dict:
         """The anchor statistics of this step's batch (:func:`anchor_metrics`), success, turns."""
-        return dict(
-            batch.extras["anchor_metrics"],
-            success_rate=batch.extras["success"].float().mean().item(),
-            num_turns=batch.extras["num_turns"].float().mean().item(),
-        )
+        return dict(super().rollout_metrics(batch, keep), **batch.extras["anchor_metrics"])
 
 
 CONFIG, TRAINER = GiGPOConfig, GiGPOTrainer

@@ -388,6 +388,7 @@ class RCGRPOTrainer(AgentTrainer):
 
         adv = group_advantages(scores, gid, scale=c.scale_rewards)
         return dict(
+            super().rollout_metrics(batch, keep),
             zero_std_easy=zero_std_fraction(scores, gid, ~hard),
             zero_std_hard=zero_std_fraction(scores, gid, hard),
             mean_abs_advantage=adv.abs().mean().item(),

@@ -533,6 +533,7 @@ class ReToolTrainer(AgentTrainer):
         gradient (NaN on the steps it is not measured; see :meth:`rollout`)."""
         x = batch.extras
         return dict(
+            super().rollout_metrics(batch, keep),
             code_ratio=(x["tool_calls"] > 0).float().mean().item(),
             tool_calls=x["tool_calls"].float().mean().item(),
             tool_errors=x["tool_errors"].float().mean().item(),

@@ -316,8 +316,7 @@ class StarPOTrainer(AgentTrainer):
         return dict(
             filters.filter_metrics(scores, gid, keep),
             distinct_per_group=distinct_per_group(batch.completions, gid),
-            success_rate=batch.extras["success"].float().mean().item(),
-            num_turns=batch.extras["num_turns"].float().mean().item(),
+            **super().rollout_metrics(batch, keep),
         )
 
     def minibatches(self, n: int) -> list[torch.Tensor | None]:
