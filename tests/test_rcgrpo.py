@@ -81,9 +81,9 @@ def row_calls(tokenizer, ids, loss_mask) -> list[str]:
 
 def test_defaults_profiles_and_arms_are_valid():
     c = RCGRPOConfig()
-    assert (c.env, c.advantage_estimator, c.warm_start, c.conditioning) == (
+    assert (c.env, c.uses_critic, c.warm_start, c.conditioning) == (
         "filesystem",
-        "grpo",
+        False,
         "rctp",
         "mixed",
     )

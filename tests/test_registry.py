@@ -129,3 +129,46 @@ def test_the_rl_step_fits_on_a_page():
              "optimizer_step", "rollout_metrics"]  # fmt: skip
     positions = [max(i for i, call in enumerate(calls) if call == c) for c in order]
     assert positions == sorted(positions), calls
+
+
+def _imports() -> dict[str, set[str]]:
+    """Each package module's imports of other package modules, at any depth of its code (an
+    import inside a function closes a circle as surely as one at the top)."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph = {name: set() for name in names}
+    for name, path in names.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = [node.module] if node.module else []
+                target = ".".join(base + module) if node.level else node.module
+                targets = [target, *(f"{target}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in names and t != name}
+    return graph
+
+
+def test_the_import_graph_has_no_circle():
+    """errors.py is the ground floor: no module needs one that needs it back."""
+    graph = _imports()
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph[todo.pop()] - seen:
+                if nxt == goal:
+                    return True
+                seen.add(nxt)
+                todo.append(nxt)
+        return False
+
+    circles = sorted((a, b) for a in graph for b in graph[a] if reaches(b, a))
+    assert not circles, f"import circles through these arrows: {circles}"
+    assert not graph["agentic_rl.errors"], "errors.py imports nothing from the package"

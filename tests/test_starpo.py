@@ -103,7 +103,7 @@ def test_dynamic_sampling_refills_with_groups_that_have_spread():
     batch = t.rollout()
     std, _ = filters.group_std(batch.scores, batch.group_id)
     assert len(std) <= 4 and bool((std > 0).all())
-    assert 1 <= t._sample_rounds <= 3
+    assert 1 <= t.sample_rounds <= 3
     assert len(batch) == 4 * len(std)  # whole groups
 
 

@@ -140,7 +140,7 @@ class AgentTrainer(Trainer):
         self.critic = None
         super().__init__(config, model=model, tokenizer=tokenizer, base=base)
         # no SFT phase: RL starts now
-        if config.advantage_estimator == "gae" and self.phase == "rl":
+        if config.uses_critic and self.phase == "rl":
             self._make_critic()
             self.optimizer = self.make_optimizer()
 
@@ -171,7 +171,7 @@ class AgentTrainer(Trainer):
         return opt
 
     def start_rl(self):
-        if self.config.advantage_estimator == "gae":
+        if self.config.uses_critic:
             self._make_critic()  # from the SFT policy's trunk, before the RL optimizer is built
         super().start_rl()
 
@@ -295,7 +295,7 @@ class AgentTrainer(Trainer):
         or GRPO's group advantage broadcast to them."""
         c = self.config
         mask = batch.loss_mask
-        if c.advantage_estimator == "grpo":
+        if not c.uses_critic:  # the group-relative advantage of the GRPO chapter
             return super().compute_advantages(batch)
         rewards = batch.token_rewards + batch.extras.get("bootstrap_rewards", 0.0)
         penalty = self.kl_reward_penalty(batch)  # kl_in_reward: r_t - beta * k(t), per token

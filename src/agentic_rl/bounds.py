@@ -31,7 +31,8 @@ from __future__ import annotations
 import os
 
 __all__ = ["LIMITS", "CONTEXT_BUDGET", "check_bounds", "lake_problem", "memory_needs",
-           "host_memory_needs", "check_memory", "output_dir_problem"]  # fmt: skip
+           "host_memory_needs", "check_memory", "memory_limit", "output_dir_problem",
+           "foreign_symlink"]  # fmt: skip
 
 #: Tokens one sequence may need: the context of SmolLM2 (the pretrained model here), 8192
 #: positions. A turn limit, a turn's tokens or a completion beyond it could not be attended to.
@@ -156,11 +157,74 @@ def lake_problem(config) -> str | None:
 
 
 def physical_memory() -> int:
-    """Bytes of RAM on this machine (0 when unknown)."""
+    """Bytes of memory this process may use (0 when unknown): the smallest of the RAM, the
+    address-space limit and the cgroup's limit (:func:`memory_limit`)."""
+    return memory_limit()[0]
+
+
+#: A limit at or above this many bytes (an exbibyte) means "unlimited": cgroup v1 writes
+#: 2**63 rounded down to a page, and a machine with that much memory does not exist.
+_UNLIMITED = 1 << 60
+
+
+def memory_limit() -> tuple[int, str]:
+    """``(bytes, what)``: the smallest of the machine's RAM, the process's address-space limit
+    (``ulimit -v``) and its cgroup's memory limit (a container's), with the words for the memory
+    error; ``(0, "memory")`` when none is known. The RAM alone let a run under a 6 GB
+    ``ulimit -v`` pass the memory check and die in the allocator minutes later."""
+    limits = []
     try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        limits.append((os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "memory"))
     except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY and 0 < soft < _UNLIMITED:
+            limits.append((soft, "memory under the address-space limit (ulimit -v)"))
+    except (ImportError, ValueError, OSError, AttributeError):  # (no resource on Windows)
+        pass
+    cgroup = _cgroup_memory_limit()
+    if cgroup:
+        limits.append((cgroup, "memory under the cgroup's memory limit (a container's)"))
+    limits = [(n, what) for n, what in limits if n > 0]
+    return min(limits, key=lambda limit: limit[0]) if limits else (0, "memory")
+
+
+def _cgroup_memory_limit(proc: str = "/proc/self/cgroup", mount: str = "/sys/fs/cgroup") -> int:
+    """The smallest memory limit of this process's cgroup and its ancestors (each one's applies),
+    v2 (``memory.max``) or v1 (``memory.limit_in_bytes``); 0 when none is set or readable."""
+    try:
+        with open(proc) as fh:
+            lines = fh.read().splitlines()
+    except OSError:
         return 0
+    found = []
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        if parts[0] == "0" and not parts[1]:
+            root, name = mount, "memory.max"
+        elif "memory" in parts[1].split(","):
+            root, name = f"{mount}/memory", "memory.limit_in_bytes"
+        else:
+            continue
+        # in a container the path may be the host's: walking up reaches the container's root
+        path = parts[2].rstrip("/")
+        while True:
+            try:
+                with open(f"{root}{path}/{name}") as fh:
+                    value = fh.read().strip()
+                if value.isdigit() and 0 < int(value) < _UNLIMITED:  # ("max": no limit)
+                    found.append(int(value))
+            except (OSError, ValueError):
+                pass
+            if not path:
+                break
+            path = path.rsplit("/", 1)[0]
+    return min(found, default=0)
 
 
 def tiny_parameters(config) -> int:
@@ -238,9 +302,13 @@ def output_dir_problem(path: str) -> str | None:
     """Why ``path`` cannot be a run's output folder, or None.
 
     Beyond ``os.access`` (which says yes to root under ``/proc``), a probe creates and removes a
-    temporary file in the folder, or a temporary folder in its nearest existing parent."""
+    temporary file in the folder, or a temporary folder in its nearest existing parent. A symbolic
+    link in the path that another user owns is refused (:func:`foreign_symlink`)."""
     import tempfile
 
+    link = foreign_symlink(path)
+    if link:
+        return link
     if os.path.lexists(path) and not os.path.exists(path):
         return f"is a symbolic link to {os.readlink(path)!r}, which does not exist"
     if os.path.exists(path):
@@ -275,4 +343,36 @@ def output_dir_problem(path: str) -> str | None:
         os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".agentic-rl-probe."))
     except OSError as err:
         return f"cannot be created: {parent} takes no new folder ({err.strerror or err})"
+    return None
+
+
+def foreign_symlink(path: str) -> str | None:
+    """Why a symbolic link in ``path`` (the folder itself or a folder above it) is not to be
+    followed, or None: one owned by another user than this process's (root's are trusted).
+
+    Another user who may write in a shared folder (mode 777, no sticky bit, where the kernel's
+    ``protected_symlinks`` does not act) can plant ``run1`` there as a link to a folder of ours:
+    a run told ``--output-dir shared/run1`` would then replace that folder's ``metrics.csv`` and
+    add its files there. The components are checked as written (``a/link/..`` resolves through
+    ``link``, as the kernel would)."""
+    import stat
+
+    if not hasattr(os, "geteuid"):  # (Windows: no owners to compare)
+        return None
+    here = os.sep if os.path.isabs(path) else os.getcwd()  # (getcwd has no symlinks in it)
+    trusted = (os.geteuid(), 0)
+    for part in path.split(os.sep):
+        if part in ("", "."):
+            continue
+        here = os.path.join(here, part)
+        try:
+            info = os.lstat(here)
+        except OSError:  # missing from here on: nothing more to follow
+            return None
+        if stat.S_ISLNK(info.st_mode) and info.st_uid not in trusted:
+            return (
+                f"{here} is a symbolic link owned by another user (uid {info.st_uid}), which "
+                "could point the run's files anywhere; give the real folder "
+                f"({os.path.realpath(here)}) if it is meant, or another --output-dir"
+            )
     return None

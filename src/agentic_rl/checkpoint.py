@@ -14,9 +14,10 @@ numpy's RNG state as a tensor, for example).
 
 Writing is atomic (a fresh temporary file in the folder, created exclusively and never through a
 symlink, then ``fsync`` and ``os.replace``): a run killed while writing leaves the previous
-checkpoint intact, and a name planted in the folder cannot redirect the write. Every name a run
-writes (:data:`OUTPUT_NAMES`) must be a regular file or absent (:func:`check_output_names`): a
-folder, a FIFO or a symlink in its place stops the run with :class:`OutputFileError`.
+checkpoint intact, and a name planted in the folder cannot redirect the write; a full disk is a
+:class:`RunError` naming the folder and its free space. Every name a run writes
+(:data:`OUTPUT_NAMES`) must be a regular file or absent (:func:`check_output_names`): a folder, a
+FIFO or a symlink in its place stops the run with :class:`OutputFileError`.
 
 :func:`run_lock` holds an exclusive ``fcntl.flock`` on ``<output_dir>/run.lock`` while a run uses
 the folder. The operating system releases it when the process ends, however it ends, so a run killed
@@ -34,15 +35,18 @@ a version-1 file is refused with what to do.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
 import random
 import re
+import shutil
 import stat
 import tempfile
 from contextlib import contextmanager
 
+from .bounds import foreign_symlink
 from .config import ConfigError, RunError
 
 __all__ = [
@@ -168,27 +172,57 @@ def _temp_prefix(name: str) -> str:
     return f".{name}."
 
 
+#: A full disk or an exhausted quota: the user's to fix, not a bug.
+_NO_SPACE = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))
+
+
+@contextmanager
+def _space_for(path: str):
+    """A full disk or quota while writing ``path`` is a :class:`RunError` naming its folder and
+    the space left there (it came hours into a run as an ``OSError`` traceback)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in _NO_SPACE:
+            raise
+        folder, name = os.path.split(os.path.abspath(path))
+        where = folder  # (a folder not made yet: the space is its nearest parent's)
+        while not os.path.isdir(where) and os.path.dirname(where) != where:
+            where = os.path.dirname(where)
+        try:
+            free = shutil.disk_usage(where).free
+            free = f"{free / 2**30:.1f} GiB" if free >= 2**30 else f"{free / 2**10:.0f} KiB"
+        except OSError:
+            free = "an unknown amount"
+        raise RunError(
+            f"cannot write {name} in {folder}: {err.strerror or 'no space left'} ({free} free "
+            "there); the file it replaces, if any, is intact. Free some space there, or write "
+            "to another folder (--output-dir)"
+        ) from None
+
+
 def write_atomically(path: str, *chunks) -> None:
     """Write ``chunks`` (bytes) to ``path`` atomically: a fresh temporary file in the same folder
     (``mkstemp``: ``O_CREAT | O_EXCL | O_NOFOLLOW``, so never through a planted name), ``fsync``,
     then ``os.replace``. ``path`` must be a regular file or absent (:func:`check_output_name`)."""
     check_output_name(path)
     folder, name = os.path.split(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=_temp_prefix(name), suffix=".tmp")
-    try:
-        mask = os.umask(0o022)  # mkstemp makes the file 0600: give it the usual mode
-        os.umask(mask)
-        os.fchmod(fd, 0o666 & ~mask)
-        with os.fdopen(fd, "wb") as fh:
-            for chunk in chunks:
-                fh.write(chunk)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)  # atomic: an interrupted write never leaves a half-written file
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with _space_for(path):  # a full disk: one line, and the previous file stays
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=_temp_prefix(name), suffix=".tmp")
+        try:
+            mask = os.umask(0o022)  # mkstemp makes the file 0600: give it the usual mode
+            os.umask(mask)
+            os.fchmod(fd, 0o666 & ~mask)
+            with os.fdopen(fd, "wb") as fh:
+                for chunk in chunks:
+                    fh.write(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)  # atomic: an interrupted write never leaves a half-written file
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
     with contextlib.suppress(OSError):  # make the rename itself durable (not on every platform)
         fd = os.open(folder, os.O_RDONLY)
         try:
@@ -261,14 +295,17 @@ def load(path: str, map_location=None) -> dict:
                     "Use the agentic_rl version that wrote it, or "
                     "another --output-dir. " + _WHAT_TO_DO,
                 )
-            payload = fh.read(size + 1)
+            # the file's own size first: a header may claim 10**15 bytes, too many to allocate
+            held = os.fstat(fd).st_size - len(first)
+            payload = fh.read(size + 1) if held == size else None
     except OSError as err:
         raise CheckpointError(path, f"cannot be read ({err.strerror or err})") from None
-    if len(payload) != size:
+    if payload is None or len(payload) != size:
+        got = held if payload is None else len(payload)
         raise CheckpointError(
             path,
-            f"is truncated or has extra bytes ({len(payload)} payload bytes, the "
-            f"header says {size}): a copy or a write was cut short",
+            f"is truncated or has extra bytes ({got} payload bytes, the header says {size}): a "
+            "copy or a write was cut short",
         )
     if hashlib.sha256(payload).hexdigest() != digest:
         raise CheckpointError(
@@ -311,12 +348,15 @@ def run_lock(output_dir: str | None):
     if not output_dir:
         yield
         return
+    if foreign_symlink(output_dir):  # (again, just before the first write in the folder)
+        raise ConfigError("output_dir", foreign_symlink(output_dir), output_dir)
     try:
         import fcntl
     except ImportError:  # Windows: no advisory locks here
         yield
         return
-    os.makedirs(output_dir, exist_ok=True)
+    with _space_for(os.path.join(output_dir, LOCK_FILE)):
+        os.makedirs(output_dir, exist_ok=True)
     key = os.path.realpath(output_dir)
     if key in _held:
         _held[key][1] += 1
@@ -325,7 +365,8 @@ def run_lock(output_dir: str | None):
         finally:
             _held[key][1] -= 1
         return
-    fh = _open_lock(os.path.join(output_dir, LOCK_FILE))
+    with _space_for(os.path.join(output_dir, LOCK_FILE)):
+        fh = _open_lock(os.path.join(output_dir, LOCK_FILE))
     try:
         fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

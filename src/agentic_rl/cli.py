@@ -31,6 +31,7 @@ __all__ = ["RECIPES", "recipe", "main", "add_dataclass_arguments", "config_from_
 #: The recipes: name -> the chapter module exporting ``CONFIG`` (its config class) and
 #: ``TRAINER`` (its trainer class).
 RECIPES = {
+    "dapo": "agentic_rl.dapo",
     "early-experience": "agentic_rl.early_experience",
     "gcd": "agentic_rl.gcd",
     "gigpo": "agentic_rl.gigpo",

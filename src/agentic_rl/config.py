@@ -37,19 +37,13 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from . import bounds
+from .errors import ConfigError, RunError
 from .losses import AGG_MODES, LOSS_TYPE_ALIASES
 
 __all__ = [
-    "RLConfig",
-    "AgentFields",
-    "CriticFields",
-    "FrozenLakeFields",
-    "HouseholdFields",
-    "FULL_MODEL",
-    "defaults",
-    "RunError",
-    "ConfigError",
-]
+    "RLConfig", "AgentFields", "CriticFields", "FrozenLakeFields", "HouseholdFields", "FULL_MODEL",
+    "defaults", "RunError", "ConfigError",
+]  # fmt: skip
 
 #: Positions of the tiny from-scratch model (``models.build_model``'s ``max_position_embeddings``).
 TINY_MAX_POSITIONS = 128
@@ -58,21 +52,6 @@ TINY_MAX_POSITIONS = 128
 FULL_MODEL = dict(
     hidden_size=256, num_attention_heads=8, num_key_value_heads=4, intermediate_size=1024
 )
-
-
-class RunError(Exception):
-    """An error in what the user asked for (a config, a folder, a checkpoint), not a bug.
-
-    The CLI prints these as one line, ``error: <message>``, with no traceback.
-    """
-
-
-class ConfigError(RunError, ValueError):
-    """A config field with a bad value: ``str(err)`` is ``"<field>: <why> (got <value>)"``."""
-
-    def __init__(self, field: str, why: str, value=None):
-        self.field, self.why, self.value = field, why, value
-        super().__init__(f"{field}: {why} (got {value!r})")
 
 
 _TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
@@ -128,6 +107,9 @@ class RLConfig:
     #: What a profile adds when the run will be on a CUDA GPU (``from_profile`` applies it under
     #: your overrides): the batch and the length of run a GPU affords, same command.
     GPU_PROFILES: ClassVar[dict[str, dict]] = {}
+    #: Named variants of a method (StarPO-S, DAPO...): a recipe with presets declares a ``preset``
+    #: field; ``from_profile(..., preset=name)`` fills the fields you do not set with its values.
+    PRESETS: ClassVar[dict[str, dict]] = {}
 
     # --- run
     profile: str = _f(
@@ -273,6 +255,12 @@ class RLConfig:
         values = dict(cls.PROFILES[profile])
         if profile in cls.GPU_PROFILES and _on_cuda(overrides.get("device", "auto")):
             values.update(cls.GPU_PROFILES[profile])
+        if cls.PRESETS:  # the preset's values over the profile's, yours over both
+            preset = overrides.get("preset", cls.__dataclass_fields__["preset"].default)
+            if preset not in cls.PRESETS:
+                why = f"unknown preset; choose one of {sorted(cls.PRESETS)}"
+                raise ConfigError("preset", why, preset)
+            values.update(cls.PRESETS[preset])
         return cls(**{**values, **overrides, "profile": profile})
 
     # ------------------------------------------------------------------ validation
@@ -350,7 +338,50 @@ class RLConfig:
         self._check_run()
         self._check_model()
         self._check_optimisation()
+        if self.PRESETS:
+            self._check_preset()
         bounds.check_bounds(self)  # upper bounds, the context budget (agentic_rl.bounds)
+
+    @property
+    def uses_critic(self) -> bool:
+        """Whether the run trains a critic (PPO + GAE): never without :class:`CriticFields`."""
+        return False
+
+    def check_data_parallel(self, world: int) -> None:
+        """Refuse (:class:`ConfigError`) what does not split across ``world`` torchrun ranks,
+        before any compute (:mod:`agentic_rl.distributed`): a recipe adds its own limits after
+        ``super().check_data_parallel(world)``, as in ``validate``. Here: the prompts divide
+        across the ranks, each share fills ``num_minibatches``; no ``scale_rewards='batch'``."""
+        if self.prompts_per_step % world:
+            why = (
+                f"does not divide across {world} ranks (each rank plays an equal share of a "
+                f"step's prompts, each with its whole group); use a multiple of {world}"
+            )
+            self._bad("prompts_per_step", why)
+        rows = self.prompts_per_step // world * self.num_generations
+        if self.num_minibatches > rows:
+            why = (
+                f"must be <= the rows of each rank's batch (prompts_per_step * num_generations / "
+                f"{world} ranks = {rows}): a minibatch needs at least one rollout"
+            )
+            self._bad("num_minibatches", why)
+        if self.scale_rewards == "batch":
+            why = f"'batch' (the std of the whole batch, over {world} ranks) needs one process"
+            self._bad("scale_rewards", why + "; use 'group' or 'none'")
+
+    def _check_preset(self) -> None:
+        if self.preset not in self.PRESETS:
+            self._bad("preset", f"unknown preset; choose one of {sorted(self.PRESETS)}")
+        # Config(preset="starpo-s") alone would be labelled StarPO-S but run StarPO: refused.
+        values = self.PRESETS[self.preset]
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        if values and all(getattr(self, k) == defaults[k] for k in values):
+            self._bad(
+                "preset",
+                f"the {self.preset!r} preset's values are not applied; use "
+                f"{type(self).__name__}.from_profile(..., preset={self.preset!r}) or "
+                f"--preset {self.preset}",
+            )
 
     def _check_run(self) -> None:
         bad = self._bad
@@ -481,10 +512,10 @@ class RLConfig:
             index = int(dev.split(":")[1]) if ":" in dev else 0
             total, where = torch.cuda.get_device_properties(index).total_memory, "GPU memory"
         else:
-            total, where = bounds.physical_memory(), "memory"
+            total, where = bounds.memory_limit()  # RAM, ulimit -v or a cgroup's: the smallest
         bounds.check_memory(self, bounds.memory_needs(self), total, where)  # model, batches, ...
-        host = bounds.physical_memory()  # ReTool's sandbox: in RAM whatever the device
-        bounds.check_memory(self, bounds.host_memory_needs(self), host, "memory")
+        host, where = bounds.memory_limit()  # ReTool's sandbox: in RAM whatever the device
+        bounds.check_memory(self, bounds.host_memory_needs(self), host, where)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -519,9 +550,7 @@ class AgentFields(RLConfig):
             self._bad("env", f"unknown environment; known environments are {sorted(ENVS)}")
         if self.env not in self.RECIPE_ENVS:
             self._bad("env", f"this recipe runs {' or '.join(map(repr, self.RECIPE_ENVS))}")
-        # a recipe without CriticFields is group-relative (no critic)
-        estimator = getattr(self, "advantage_estimator", "grpo")
-        if estimator == "grpo" and self.num_generations < 2:
+        if not self.uses_critic and self.num_generations < 2:  # the group is the baseline
             self._bad("num_generations", "the grpo estimator needs at least 2 episodes per seed")
         if not 0.0 <= self.demo_error_rate <= 1.0:
             self._bad("demo_error_rate", "must be in [0, 1]")
@@ -575,6 +604,10 @@ class CriticFields(RLConfig):
         "Off by default: here the turn limit is part of the task, so running out of turns is "
         "terminal.",
     )
+
+    @property
+    def uses_critic(self) -> bool:
+        return self.advantage_estimator == "gae"
 
     def validate(self) -> None:
         super().validate()

@@ -312,36 +312,15 @@ def check_data_parallel(config, trainer_cls: type | None = None) -> None:
     """Under torchrun (W > 1 ranks), refuse with :class:`ConfigError`, before any compute, what
     does not split across the ranks; nothing to check in one process.
 
-    A step's prompts must divide across the ranks (each rank plays an equal share, each prompt
-    with its whole group), and each rank's share must fill ``num_minibatches``. Not supported
-    yet: ``scale_rewards='batch'`` (the std of the whole batch), StarPO's ``dynamic`` refill
-    (the ranks would refill in different numbers of rounds, and their task streams would part),
-    and a trainer whose ``rollout`` would play the whole step on every rank (the class that
-    defines its ``rollout`` does not say ``rollout_is_sharded = True`` beside it).
+    The config's own limits (:meth:`RLConfig.check_data_parallel`, which a recipe extends:
+    StarPO's ``dynamic`` refill, for one), and a trainer whose ``rollout`` would play the whole
+    step on every rank (the class that defines its ``rollout`` does not say
+    ``rollout_is_sharded = True`` beside it).
     """
     w = world_size()
     if w == 1:
         return
-    c = config
-    if c.prompts_per_step % w:
-        why = (
-            f"does not divide across {w} ranks (each rank plays an equal share of a step's "
-            f"prompts, each with its whole group); use a multiple of {w}"
-        )
-        raise ConfigError("prompts_per_step", why, c.prompts_per_step)
-    rows = c.prompts_per_step // w * c.num_generations
-    if c.num_minibatches > rows:
-        why = (
-            f"must be <= the rows of each rank's batch (prompts_per_step * num_generations / "
-            f"{w} ranks = {rows}): a minibatch needs at least one rollout"
-        )
-        raise ConfigError("num_minibatches", why, c.num_minibatches)
-    if c.scale_rewards == "batch":
-        why = f"'batch' (the std of the whole batch, spread over {w} ranks) needs one process"
-        raise ConfigError("scale_rewards", why + "; use 'group' or 'none'", c.scale_rewards)
-    if getattr(c, "rollout_filter", None) == "dynamic":
-        why = f"'dynamic' (refill rounds differ between ranks) needs one process, not {w} ranks"
-        raise ConfigError("rollout_filter", why + "; use 'top_k' or 'top_p'", c.rollout_filter)
+    config.check_data_parallel(w)  # the config's own limits (each recipe may add to them)
     if trainer_cls is not None:
         owner = next(k for k in trainer_cls.__mro__ if "rollout" in vars(k))
         if not vars(owner).get("rollout_is_sharded", False):

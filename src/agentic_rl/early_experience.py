@@ -303,9 +303,7 @@ class EarlyExperienceConfig(AgentFields, HouseholdFields):
             GROUP_AGENT_FULL, num_demos=256, initial_steps=100, world_model_steps=200
         ),
     }
-    #: Group-relative only (no critic, so no critic flags).
-    advantage_estimator: ClassVar[str] = "grpo"
-
+    # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
     env: str = _f("household", "Environment: 'household' (ALFWorld-style tasks).")
     sft_steps: int = _f(

@@ -9,7 +9,8 @@ advantages stay those computed over the full group.
   uncertain groups, by a fraction of groups (``top_k``, RAGEN's original ``rollout_filter_ratio``)
   or by a share of the total std (``top_p``, RAGEN's later linear top-p).
 - :func:`nonzero_std_filter`: DAPO's dynamic sampling criterion: drop the groups whose rewards are
-  all equal (they give GRPO no gradient); DAPO then samples more groups to refill the batch.
+  all equal (they give GRPO no gradient); :func:`dynamic_sampling` then samples more groups to
+  refill the batch, for any recipe (a rollout stage, before the filter stage).
 - :func:`filter_metrics`: what RAGEN logs about a filter: the in-group std of all groups and of the
   chosen ones.
 
@@ -21,7 +22,9 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["group_std", "reward_std_filter", "nonzero_std_filter", "filter_metrics"]
+__all__ = [
+    "group_std", "reward_std_filter", "nonzero_std_filter", "dynamic_sampling", "filter_metrics"
+]
 
 
 def group_std(scores: torch.Tensor, group_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -95,6 +98,34 @@ def nonzero_std_filter(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.T
     """DAPO's dynamic-sampling criterion: keep the groups whose rewards are not all equal."""
     std, index = group_std(scores, group_ids)
     return (std > 0)[index]
+
+
+def dynamic_sampling(
+    play, *, groups: int, group_size: int, max_rounds: int, pad_token_id: int, signal=None
+):
+    """DAPO's dynamic sampling: call ``play()`` (one rollout batch of whole groups) up to
+    ``max_rounds`` times and keep the groups whose ``signal(batch)`` (default: the rewards) is
+    not all equal (:func:`nonzero_std_filter`) until ``groups`` groups of ``group_size`` rows are
+    kept; return the first ``groups`` of them as one batch, and the number of rounds played.
+    Where no round had a group with spread, one more batch as played (the filter stage then finds
+    nothing to keep, and the step skips)."""
+    from .rollout import Batch
+
+    signal = signal or (lambda batch: batch.scores)
+    kept, rounds = [], 0
+    while rounds < max_rounds and sum(len(b) for b in kept) < groups * group_size:
+        rounds += 1
+        b = play()
+        rows = nonzero_std_filter(signal(b), b.group_id).nonzero().flatten()
+        if len(rows):
+            b = b.select(rows)
+            b.group_id = b.group_id + 10_000 * rounds  # groups of different rounds stay apart
+            kept.append(b)
+    if not kept:
+        return play(), rounds
+    batch = Batch.cat(kept, pad_token_id)
+    first = torch.unique(batch.group_id)[:groups]
+    return batch.select(torch.isin(batch.group_id, first).nonzero().flatten()), rounds
 
 
 def filter_metrics(scores: torch.Tensor, group_ids: torch.Tensor, keep: torch.Tensor) -> dict:

@@ -94,9 +94,7 @@ class GCDConfig(AgentFields, HouseholdFields):
         "quick": {},
         "full": dict(GROUP_AGENT_FULL, num_probes=64),
     }
-    #: Group-relative only (no critic, so no critic flags).
-    advantage_estimator: ClassVar[str] = "grpo"
-
+    # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
     env: str = _f("household", "Environment: 'household' (ALFWorld-style tasks).")
     sft_steps: int = _f(500, "SFT steps on the mixed-quality teacher's episodes before RL.")

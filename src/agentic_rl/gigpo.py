@@ -281,9 +281,7 @@ class GiGPOConfig(AgentFields, FrozenLakeFields):
         "quick": {},
         "full": dict(GROUP_AGENT_FULL, map_size=6, max_turns=14),
     }
-    #: Group-relative only (no critic, so no critic flags).
-    advantage_estimator: ClassVar[str] = "grpo"
-
+    # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
     env: str = _f(
         "frozenlake",

@@ -26,6 +26,12 @@ once per process, :func:`launcher`):
 3. **nothing**: the Python-level guards and resource limits only (some containers allow no
    namespace at all; Colab may be one). :func:`agentic_rl.sandbox.isolation` says which it is.
 
+Only the first is a boundary. Under the other two a snippet that switches off the audit hook
+(crafted bytecode does it without ``ctypes``) reads and writes this user's files, reaches the
+network and signals the trainer; so model-written code runs only under bubblewrap
+(:func:`require_boundary`) unless the user opts in, by name, to running it without
+(``allow_uncontained_code`` in a recipe, or the environment variable ``ALLOW_UNCONTAINED``).
+
 None of this code runs in the zygote: it builds a command line.
 """
 
@@ -38,12 +44,18 @@ import shutil
 import struct
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 
+from .errors import IsolationError
+
 __all__ = [
-    "DISK_MB", "Launcher", "candidates", "interpreter", "launcher", "seccomp_program", "works"
+    "ALLOW_UNCONTAINED", "DISK_MB", "Launcher", "boundary_problem", "candidates", "interpreter",
+    "launcher", "require_boundary", "seccomp_program", "works",
 ]
 
+#: The environment variable that, set to ``1``, lets model-written code run without bubblewrap.
+ALLOW_UNCONTAINED = "AGENTIC_RL_ALLOW_UNCONTAINED_CODE"
 #: Size of each zygote's ``tmpfs`` for its snippets' folders (one snippet at a time per zygote).
 DISK_MB = 32
 #: Refused by the seccomp filter (with EPERM), wherever the architecture's table has them.
@@ -230,3 +242,41 @@ def _layers(kind: str, userns: bool) -> tuple[str, ...]:
             "seccomp filter" if seccomp_program() else "no seccomp filter (unknown architecture)",
         ]
     return (*layers, "empty network namespace", *(["user namespace"] if userns else []))
+
+
+def boundary_problem() -> str | None:
+    """Why model-written code cannot run inside bubblewrap here, in one line; None: it can."""
+    found = launcher()
+    if found.kind == "bubblewrap":
+        return None
+    if shutil.which("bwrap") is None:
+        why = "bubblewrap is not installed (Debian, Ubuntu: apt-get install bubblewrap)"
+    else:  # installed, but the probe could not start Python in it
+        why = (
+            f"bubblewrap ({shutil.which('bwrap')}) cannot create its namespaces here (a container "
+            "without user namespaces?: run where it can, e.g. a VM)"
+        )
+    return (
+        f"model-written code runs only inside bubblewrap, and {why}; to run it anyway with "
+        f"{found.kind if found.kind != 'none' else 'no namespace'} and the audit hook only, "
+        "which a snippet can switch off (it can then read and write your files, reach the "
+        f"network and kill processes), opt in with allow_uncontained_code or {ALLOW_UNCONTAINED}=1"
+    )
+
+
+def require_boundary(allow_uncontained: bool = False) -> Launcher:
+    """The launcher for model-written code: bubblewrap, or :class:`IsolationError` (one line
+    naming what is missing and how to install it) unless the caller or the environment
+    (``ALLOW_UNCONTAINED=1``) opts in to weaker isolation, which is then said in a warning."""
+    problem = boundary_problem()
+    if problem is None:
+        return launcher()
+    if not (allow_uncontained or os.environ.get(ALLOW_UNCONTAINED) == "1"):
+        raise IsolationError(problem)
+    warnings.warn(
+        f"UNCONTAINED: model-written code runs without bubblewrap ({launcher().kind} and the "
+        "audit hook only); a snippet that switches off the hook reaches your files and network",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return launcher()

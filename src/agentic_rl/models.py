@@ -15,6 +15,7 @@ from contextlib import contextmanager
 
 import torch
 
+from .errors import ConfigError
 from .utils import choose_precision
 
 # transformers and tokenizers are imported where they are used: importing a chapter module (its
@@ -374,8 +375,6 @@ def build_policy(config, task, device: torch.device, *, base=None, chat=False, a
     ``(model, tokenizer)`` shared by several runs), ``model_name_or_path``, or a tiny model on the
     task's vocabulary; then the tokens a recipe ``added`` and LoRA adapters.
     Returns ``(model, tokenizer)``; a model that cannot serve raises :class:`ConfigError`."""
-    from .config import ConfigError
-
     c = config
     if base is not None:
         model, tokenizer = base

@@ -67,9 +67,7 @@ class RCGRPOConfig(AgentFields):
 
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("filesystem",)
     PROFILES: ClassVar[dict[str, dict]] = {"quick": {}, "full": GROUP_AGENT_FULL}
-    #: Group-relative only (no critic, so no critic flags).
-    advantage_estimator: ClassVar[str] = "grpo"
-
+    # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
     env: str = _f("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
     sft_steps: int = _f(

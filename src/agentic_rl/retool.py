@@ -25,13 +25,14 @@ and the interpreter's tokens are the template's tool turn.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from . import distributed as dist
-from . import sandbox
+from . import jail, sandbox
 from .agent import AgentTrainer
 from .config import FULL_MODEL, AgentFields, ConfigError, CriticFields, _f, defaults
 from .envs import make_env
@@ -182,6 +183,12 @@ class ReToolConfig(AgentFields, CriticFields):
     tool_timeout_s: float = _f(1.0, "Sandbox: wall-clock limit per snippet, in seconds.")
     tool_memory_mb: int = _f(256, "Sandbox: address-space limit per snippet, in MiB.")
     tool_workers: int = _f(2, "Sandbox pool: snippets run concurrently.")
+    allow_uncontained_code: bool = _f(
+        False,
+        "UNSAFE. Run the model's code even where bubblewrap cannot (namespaces and the audit hook "
+        "only, which a snippet can switch off: it can then read and write your files, reach the "
+        "network and kill processes). Off: such a machine refuses the run before any compute.",
+    )
     loss_denominator: str = _f(
         "all",
         "Token-mean denominator: 'all' (every trained token: with mask_interpreter off, the "
@@ -235,6 +242,13 @@ class ReToolConfig(AgentFields, CriticFields):
         self._check_positions(
             "max_turns", tokens + (self.max_turns - 1) * (self.max_output_tokens + 3)
         )
+
+    def check_environment(self) -> None:
+        super().check_environment()
+        problem = jail.boundary_problem()  # the model's code runs only inside bubblewrap ...
+        if problem and not self.allow_uncontained_code:  # ... unless the user opts out, by name
+            if os.environ.get(jail.ALLOW_UNCONTAINED) != "1":
+                self._bad("allow_uncontained_code", problem)
 
     def _check_denominator(self) -> None:
         if self.loss_denominator not in ("all", "policy"):
@@ -388,9 +402,18 @@ class ReToolTrainer(AgentTrainer):
         if self._pool is None:
             c = self.config
             self._pool = sandbox.Pool(
-                workers=c.tool_workers, timeout_s=c.tool_timeout_s, memory_mb=c.tool_memory_mb
+                workers=c.tool_workers, timeout_s=c.tool_timeout_s, memory_mb=c.tool_memory_mb,
+                allow_uncontained=c.allow_uncontained_code,
             )
         return self._pool
+
+    def summary(self) -> dict:
+        """The recipe's summary, and the isolation the model's code ran in (``sandbox``)."""
+        out = super().summary()
+        launcher = jail.launcher()
+        layers = self._pool.isolation if self._pool is not None else sandbox.isolation()
+        out["sandbox"] = dict(launcher=launcher.kind, layers=layers)
+        return out
 
     def close(self) -> None:
         """Stop the sandbox's worker processes (also done at exit; a later rollout restarts

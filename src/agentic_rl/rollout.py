@@ -453,6 +453,7 @@ def generate_batch(
         correct=torch.tensor([s.correct for s in scores], device=device),
         format_ok=torch.tensor([s.format_ok for s in scores], device=device),
         completions=texts,
+        extras={"truncated": truncated},  # no EOS within max_completion_length
     )
 
     logprobs = shared_prefix_logprobs if share_prompt_prefix else sequence_logprobs

@@ -80,12 +80,24 @@ def run_recipe(trainer) -> dict:
     return summary
 
 
+#: How much longer than the new summary an old one may be and still say the same: its config's
+#: resumable fields (an output folder's path, at most 4,096 bytes, escaped for JSON) may differ.
+_SUMMARY_SLACK = 1 << 16
+
+
 def _differs(path: str, data: bytes) -> bool:
     """Whether the file at ``path`` is missing or says something else than ``data`` (a summary's
-    config may differ in the fields a resumed run may change: ``--device``, ``--output-dir``...)."""
+    config may differ in the fields a resumed run may change: ``--device``, ``--output-dir``...).
+
+    Sizes first, and never more read than could match: a 3 GB ``summary.json`` left in the folder
+    was read whole (a ``MemoryError`` under an address-space limit)."""
+    slack = _SUMMARY_SLACK if path.endswith(".json") else 0
     try:
         with open(path, "rb") as fh:
-            old = fh.read()
+            size = os.fstat(fh.fileno()).st_size
+            if not len(data) - slack <= size <= len(data) + slack:
+                return True
+            old = fh.read(len(data) + slack + 1)
     except OSError:
         return True
     if old == data or not path.endswith(".json"):

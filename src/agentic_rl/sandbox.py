@@ -21,8 +21,10 @@ Every snippet runs inside these layers (:func:`isolation` says which are active 
    afterwards), with an empty environment; at the deadline the whole group gets SIGKILL;
 3. when the trainer runs as root, the snippet runs as user ``nobody`` (who must be able to read the
    standard library for the snippet to import more than ``PRELOAD``);
-4. resource limits (``setrlimit``): CPU time, address space, file size, open files, processes
-   (counted per user, so useless against root: hence 3 and 5), message queues, no core dumps;
+4. resource limits (``setrlimit``): CPU time, address space, file size, open files, message
+   queues, no core dumps, and no process or thread (``RLIMIT_NPROC`` 0, which the kernel enforces,
+   hook or not, on all but the real root), so the memory cap, per process, bounds the snippet; and,
+   as bubblewrap's tmpfs counts bytes, not inodes, at most ``MAX_FILES`` files there;
 5. an audit hook (PEP 578) that refuses to start processes, signal other processes, open sockets,
    use ``ctypes``, write files outside the folder, or read or list files other than the folder's and
    the standard library's; the few unaudited functions that would get around it are deleted.
@@ -51,6 +53,7 @@ import stat
 import sys
 import tempfile
 import time
+import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -78,6 +81,8 @@ NOBODY = 65534
 QUANTUM_S = 0.05
 #: Snippets past their quantum that may run at once, per worker (each holds a zygote).
 LONG_PER_WORKER = 4
+#: Files and folders a snippet may make (counted every FILES_POLL_S, in bubblewrap's tmpfs only).
+MAX_FILES, FILES_POLL_S = 4096, 0.01
 _STDLIB = os.path.realpath(os.path.dirname(os.__file__))
 _IMPORT_PATHS = tuple(os.path.realpath(folder) + "/" for folder in sys.path)  # (a zygote's: stdlib)
 # Audit events the snippet may not raise (prefixes): processes, signals, network, ctypes, limits,
@@ -121,11 +126,13 @@ class Result:
 
 
 def run(
-    code: str, *, timeout_s: float = 1.0, memory_mb: int = 256, max_output_bytes: int = 4096
+    code: str, *, timeout_s: float = 1.0, memory_mb: int = 256, max_output_bytes: int = 4096,
+    allow_uncontained: bool = False,
 ) -> Result:
     """Run one snippet in a fresh, isolated process (a one-off :class:`Pool` of one worker)."""
     _check_code(code)
-    with Pool(1, timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes) as p:
+    limits = dict(timeout_s=timeout_s, memory_mb=memory_mb, max_output_bytes=max_output_bytes)
+    with Pool(1, **limits, allow_uncontained=allow_uncontained) as p:
         return p.run(code)
 
 
@@ -135,7 +142,9 @@ class Pool:
     Every snippet gets ``timeout_s`` of wall-clock time, ``memory_mb`` of address space and
     ``max_output_bytes`` of stdout and of stderr. A snippet that hangs, crashes or kills its zygote
     never stops the others: a dead zygote is restarted and that snippet is reported as an error.
-    ``isolation`` describes the active layers.
+    ``isolation`` describes the active layers. Without a working bubblewrap it refuses to start
+    (:class:`~agentic_rl.errors.IsolationError`) unless ``allow_uncontained`` or the environment
+    variable ``AGENTIC_RL_ALLOW_UNCONTAINED_CODE=1`` opts in (:func:`jail.require_boundary`).
 
     Scheduling: ``workers`` snippets take their turn at once, in arrival order. One still running
     after ``QUANTUM_S`` (a busy loop, most likely) gives up its turn and goes on in an extra zygote
@@ -151,11 +160,12 @@ class Pool:
         timeout_s: float = 1.0,
         memory_mb: int = 256,
         max_output_bytes: int = 4096,
+        allow_uncontained: bool = False,
     ):
         if not _is_int(workers) or workers < 1:
             raise ValueError(f"workers must be an int >= 1, got {workers!r}")
         self._limits = _check_limits(timeout_s, memory_mb, max_output_bytes)
-        self._launcher = jail.launcher()
+        self._launcher = jail.require_boundary(allow_uncontained)
         # The snippets' folders go in here: others (nobody) may pass through, not list it. In a
         # bubblewrap jail it is each zygote's own tmpfs, and the trainer's disk never holds it.
         self._base = tempfile.mkdtemp(prefix="agentic_rl_sandbox_")
@@ -239,9 +249,12 @@ class Pool:
 
 @functools.cache
 def isolation() -> str:
-    """Which isolation layers this machine gives a snippet (asks a zygote once)."""
-    with Pool(1) as pool:
-        return pool.isolation
+    """Which isolation layers this machine gives a snippet (asks a zygote once, which it may do
+    without bubblewrap: it runs no model code)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warning that no bubblewrap runs model code)
+        with Pool(1, allow_uncontained=True) as pool:
+            return pool.isolation
 
 
 def _is_int(x) -> bool:
@@ -405,11 +418,15 @@ def _send(message: dict | Result) -> None:
 
 
 def _supervise(request: dict, nobody: bool, pid_namespace: bool) -> Result:
-    """Run one snippet in a fresh child; collect its output; kill its group at the deadline (and,
-    as PID 1 of a PID namespace, every process it left)."""
+    """Run one snippet in a fresh child; collect its output; kill its group at the deadline, past
+    the output cap or ``MAX_FILES`` (and, as PID 1 of a PID namespace, every process it left)."""
     start = time.monotonic()
     timeout_s, cap = request["timeout_s"], request["max_output_bytes"]
     workdir = os.path.realpath(tempfile.mkdtemp())
+    # bubblewrap's tmpfs (this zygote's own) bounds bytes, not files: its free inodes count them.
+    base = os.path.dirname(workdir)
+    free = os.statvfs(base).f_ffree if os.path.ismount(base) else 0
+    next_count = start + FILES_POLL_S if free else math.inf  # (a quick snippet waits no interval)
     pipes = [os.pipe() for _ in range(3)]  # the snippet's stdout, stderr, and its notes for us
     pid = os.fork()
     if pid == 0:
@@ -431,20 +448,25 @@ def _supervise(request: dict, nobody: bool, pid_namespace: bool) -> Result:
     poller = select.poll()
     for fd in (*outputs, pidfd):
         poller.register(fd, select.POLLIN)
-    timed_out = flooded = exited = demoted = False
-    while not (exited or flooded or timed_out):
+    timed_out = exited = demoted = False
+    over = None  # the error of a limit it went past (output, files)
+    while not (exited or over or timed_out):
         now = time.monotonic()
         if not demoted and now - start >= QUANTUM_S:
             demoted = _demote(pid)
         left = start + timeout_s - now
         timed_out = left <= 0
-        wait = left if demoted else min(left, start + QUANTUM_S - now)
+        wait = min(left if demoted else min(left, start + QUANTUM_S - now), next_count - now)
         for fd, _ in [] if timed_out else poller.poll(max(0.0, wait) * 1000):
             if fd == pidfd:
                 exited = True
             elif not _read_into(fd, outputs[fd]):
                 poller.unregister(fd)  # end of file
-        flooded = any(len(outputs[fd]) > caps[fd] for fd in outputs)
+        if any(len(outputs[fd]) > caps[fd] for fd in outputs):
+            over = f"OutputLimitError: killed after {cap} bytes of output"
+        elif now >= next_count:
+            next_count, made = now + FILES_POLL_S, free - os.statvfs(base).f_ffree
+            over = f"FileLimitError: killed after {MAX_FILES} files" if made > MAX_FILES else None
     for kill, target in ((os.killpg, pid), (os.kill, pid)):  # the whole group, what is left
         with contextlib.suppress(OSError):
             kill(target, signal.SIGKILL)
@@ -459,7 +481,7 @@ def _supervise(request: dict, nobody: bool, pid_namespace: bool) -> Result:
         os.close(fd)
     os.close(pidfd)
     shutil.rmtree(workdir, ignore_errors=True)
-    return _result(request, list(outputs.values()), status, timed_out, flooded, wall_s)
+    return _result(request, list(outputs.values()), status, timed_out, over, wall_s)
 
 
 def _demote(pid: int) -> bool:
@@ -473,7 +495,7 @@ def _demote(pid: int) -> bool:
     return True
 
 
-def _result(request: dict, outputs: list, status: int, timed_out: bool, flooded: bool, wall_s):
+def _result(request: dict, outputs: list, status: int, timed_out: bool, over: str | None, wall_s):
     """The snippet's Result from what it wrote (stdout, stderr, notes) and how it ended."""
     cap = request["max_output_bytes"]
     stdout, stderr, notes = (
@@ -489,8 +511,8 @@ def _result(request: dict, outputs: list, status: int, timed_out: bool, flooded:
         error = f"TimeoutError: killed after {request['timeout_s']:g} s"
     elif notes:  # its exception
         error = notes[0]
-    elif flooded:
-        error = f"OutputLimitError: killed after {cap} bytes of output"
+    elif over:
+        error = over
     elif exit_code is None:
         signum = os.WTERMSIG(status)
         error = f"killed by signal {signum} ({signal.strsignal(signum)})"
@@ -535,7 +557,6 @@ def _runner(request: dict, workdir: str, fds: list[int], nobody: bool) -> None:
         (resource.RLIMIT_AS, (memory, memory)),
         (resource.RLIMIT_FSIZE, (16 << 20, 16 << 20)),
         (resource.RLIMIT_NOFILE, (64, 64)),
-        (resource.RLIMIT_NPROC, (64, 64)),
         (resource.RLIMIT_MSGQUEUE, (0, 0)),
         (resource.RLIMIT_CORE, (0, 0)),
     ):
@@ -547,6 +568,9 @@ def _runner(request: dict, workdir: str, fds: list[int], nobody: bool) -> None:
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
+    # No fork, no thread: never needed. (After setuid: before, execve fails too, but only while
+    # another process runs as nobody, as the kernel checks the count at setuid.)
+    resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))
     os.chdir(workdir)
     os.umask(0o077)
     os.environ.clear()

@@ -22,7 +22,6 @@ adds what the chapter is about, and nothing else:
 from __future__ import annotations
 
 import math
-import dataclasses
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -33,7 +32,6 @@ from .agent import AgentTrainer
 from .config import (
     FULL_MODEL,
     AgentFields,
-    ConfigError,
     CriticFields,
     FrozenLakeFields,
     _f,
@@ -72,8 +70,8 @@ class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
             eval_size=256,
         ),
     }
-    #: StarPO-S and its three parts (RAGEN section 4.2); the dataclass defaults are vanilla StarPO.
-    #: ``from_profile(..., preset="starpo-s")`` fills the fields you do not set with these.
+    #: StarPO-S and its three parts (RAGEN section 4.2); the dataclass defaults are vanilla StarPO
+    #: (presets: see RLConfig.PRESETS).
     PRESETS: ClassVar[dict[str, dict]] = {
         "starpo": {},
         "starpo-s": dict(rollout_filter="top_k", filter_value=0.25, beta=0.0, epsilon_high=0.28),
@@ -157,19 +155,8 @@ class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
         "RAGEN's paper runs did ('jointly optimized').",
     )
 
-    @classmethod
-    def from_profile(cls, profile: str = "quick", **overrides):
-        preset = overrides.get("preset", "starpo")
-        if preset not in cls.PRESETS:
-            raise ConfigError(
-                "preset", f"unknown preset; choose one of {sorted(cls.PRESETS)}", preset
-            )
-        return super().from_profile(profile, **{**cls.PRESETS[preset], **overrides})
-
     def validate(self) -> None:
         super().validate()
-        if self.preset not in self.PRESETS:
-            self._bad("preset", f"unknown preset; choose one of {sorted(self.PRESETS)}")
         if self.rollout_filter not in ("none", "top_k", "top_p", "dynamic"):
             self._bad("rollout_filter", "must be 'none', 'top_k', 'top_p' or 'dynamic'")
         if not 0.0 < self.filter_value <= 1.0:
@@ -190,18 +177,12 @@ class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
         need = 2 * (1 if self.env == "bandit" else self.max_actions_per_turn)
         if self.max_action_tokens < need:
             self._bad("max_action_tokens", f"must be >= {need} to write a whole turn")
-        self._check_preset_applied()
 
-    def _check_preset_applied(self) -> None:
-        # StarPOConfig(preset="starpo-s") alone would be labelled StarPO-S but run StarPO: refused.
-        preset = self.PRESETS[self.preset]
-        defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        if preset and all(getattr(self, k) == defaults[k] for k in preset):
-            self._bad(
-                "preset",
-                f"the {self.preset!r} preset's values are not applied; use "
-                f"StarPOConfig.from_profile(..., preset={self.preset!r}) or --preset {self.preset}",
-            )
+    def check_data_parallel(self, world: int) -> None:
+        super().check_data_parallel(world)
+        if self.rollout_filter == "dynamic":  # (the ranks' task streams would part)
+            why = f"'dynamic' (refill rounds differ between ranks) needs one process, not {world}"
+            self._bad("rollout_filter", why + " ranks; use 'top_k' or 'top_p'")
 
     _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "room_size")
 
@@ -267,31 +248,18 @@ class StarPOTrainer(AgentTrainer):
         are played (up to ``max_sample_rounds`` rounds) until P groups have reward spread. With
         ``mask_observations=False`` the later states join the loss (RAGEN's paper runs)."""
         c = self.config
-        dynamic = c.rollout_filter == "dynamic"
-        batch = self._refilled_rollout() if dynamic else super().rollout()
+        if c.rollout_filter == "dynamic":
+            batch, self.sample_rounds = filters.dynamic_sampling(
+                super().rollout, groups=c.prompts_per_step, group_size=c.num_generations,
+                max_rounds=c.max_sample_rounds, pad_token_id=self.tokenizer.pad_token_id,
+            )  # fmt: skip
+        else:
+            batch = super().rollout()
         if not c.mask_observations:
             from .multiturn import unmask_environment_tokens  # imports transformers
 
             unmask_environment_tokens(batch, self.model, temperature=c.temperature)
         return batch
-
-    def _refilled_rollout(self) -> Batch:
-        c = self.config
-        kept, rounds, need = [], 0, c.prompts_per_step * c.num_generations
-        while rounds < c.max_sample_rounds and sum(len(b) for b in kept) < need:
-            rounds += 1
-            b = super().rollout()
-            rows = filters.nonzero_std_filter(b.scores, b.group_id).nonzero().flatten()
-            if len(rows):
-                b = b.select(rows)
-                b.group_id = b.group_id + 10_000 * rounds  # groups of different rounds stay apart
-                kept.append(b)
-        self._sample_rounds = rounds
-        if not kept:  # no group with spread in any round: play one more, the filter will skip it
-            return super().rollout()
-        batch = Batch.cat(kept, self.tokenizer.pad_token_id)
-        groups = torch.unique(batch.group_id)[: c.prompts_per_step]
-        return batch.select(torch.isin(batch.group_id, groups).nonzero().flatten())
 
     def filter_rows(self, batch: Batch) -> torch.Tensor | None:
         c, scores, gid = self.config, batch.scores, batch.group_id

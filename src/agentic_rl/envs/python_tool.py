@@ -100,6 +100,14 @@ def with_print(code: str) -> str:
     return (data[:begin] + left + data[begin:end] + right + data[end:]).decode()
 
 
+def same_integer(number: str, value: int) -> bool:
+    """Whether ``number`` (ASCII digits, optionally after a ``-``) writes ``value``: compared as
+    digit strings, not with ``int(number)``, which refuses more than 4,300 digits (a ValueError
+    that ended a run when a model wrote a long answer)."""
+    negative, digits = number.startswith("-"), number.lstrip("-").lstrip("0") or "0"
+    return digits == str(abs(value)) and (negative == (value < 0) or digits == "0")
+
+
 def error_name(result: sandbox.Result) -> str:
     """A failed run's name: ``TimeoutError``, else its one-line error up to the first ``:``."""
     if result.timed_out:
@@ -165,7 +173,7 @@ class PythonToolEnv(MultiplyEnv):
         return bool(after and after.group(1).strip())
 
     def _check_answer(self, number: str) -> tuple[bool, bool]:
-        return True, int(number) == self.a * self.b
+        return True, same_integer(number, self.a * self.b)
 
     def _program(self, code: str) -> str:
         return with_print(code)

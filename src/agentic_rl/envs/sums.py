@@ -25,9 +25,17 @@ _BARE_NUMBER = re.compile(r"\s*-?\d+\.?\s*")
 
 
 def parse_answer(text: str) -> int | None:
-    """The last integer written in ``text`` (thousands separators allowed), or ``None``."""
+    """The last integer written in ``text`` (thousands separators allowed), or ``None``; also
+    ``None`` for one of more than 4,300 significant digits, which Python's ``int`` refuses to read
+    (never a sum's answer: it raised a ValueError that ended the run)."""
     found = _INTEGER.findall(re.sub(r"(?<=\d),(?=\d{3}\b)", "", text))
-    return int(found[-1]) if found else None
+    if not found:
+        return None
+    sign, digits = ("-", found[-1][1:]) if found[-1].startswith("-") else ("", found[-1])
+    try:
+        return int(sign + (digits.lstrip("0") or "0"))
+    except ValueError:
+        return None
 
 
 def is_bare_number(text: str) -> bool:
