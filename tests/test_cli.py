@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from agentic_rl.cli import main
+from agentic_rl.cli import RECIPES, main
 from agentic_rl.cli import config_from_args
 from agentic_rl.grpo import GRPOConfig
 
@@ -48,7 +48,7 @@ def test_unknown_recipe_exits_2():
 
 def test_no_recipe_prints_usage(capsys):
     assert main([]) == 2
-    assert "usage: python -m agentic_rl {early-experience, gcd, gigpo, grpo, ppo, rcgrpo, retool, starpo}" in capsys.readouterr().out
+    assert f"usage: python -m agentic_rl {{{', '.join(sorted(RECIPES))}}}" in capsys.readouterr().out
     assert main(["--help"]) == 0
 
 

@@ -17,7 +17,10 @@ import pytest
 import test_hardening
 
 from agentic_rl.cli import RECIPES, main, recipe
-from agentic_rl.config import AgentFields, CriticFields, FrozenLakeFields, RLConfig
+from agentic_rl.config import (
+    AgentFields, CriticFields, FrozenLakeFields, HouseholdFields, RLConfig,
+)  # fmt: skip
+from agentic_rl.grpo import GRPOConfig
 from agentic_rl.train import Trainer
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "agentic_rl"
@@ -78,9 +81,30 @@ def test_mixin_fields_only_where_the_recipe_uses_them():
         assert lake | critic <= names[name], name
     assert lake <= names["gigpo"]  # GiGPO runs on lakes, without a critic: its own gamma
     assert not names["gigpo"] & (critic - {"gamma"})
-    for name in RECIPES:
-        if name != "grpo":
-            assert issubclass(recipe(name).CONFIG, AgentFields), name
+    for name in RECIPES:  # two base chapters: single-turn GRPO, multi-turn agents
+        config = recipe(name).CONFIG
+        assert issubclass(config, GRPOConfig) != issubclass(config, AgentFields), name
+
+
+def _chapter_fields() -> set[str]:
+    """The fields only a chapter's own config declares (not RLConfig's, nor a shared mixin's)."""
+    shared = {
+        f.name
+        for cls in (RLConfig, AgentFields, CriticFields, FrozenLakeFields, HouseholdFields)
+        for f in dataclasses.fields(cls)
+    }
+    declared = {f.name for name in RECIPES for f in dataclasses.fields(recipe(name).CONFIG)}
+    return declared - shared
+
+
+@pytest.mark.parametrize("module", ["bounds.py", "distributed.py"])
+def test_the_machinery_names_no_chapter_field(module):
+    """A chapter's bounds, memory needs and data-parallel limits live in its own config
+    (``param(..., high=, why=)``, ``memory_needs``, ``check_data_parallel``): the mechanism
+    names none of its fields, so a new chapter never edits it."""
+    text = (PACKAGE / module).read_text()
+    named = sorted(n for n in _chapter_fields() if re.search(rf"""(\.|["'`]){n}\b""", text))
+    assert not named, f"{module} names chapter fields: {named}"
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))

@@ -29,7 +29,7 @@ from torch import nn
 
 from . import distributed as dist
 from .advantages import explained_variance, gae, masked_mean, masked_whiten
-from .config import FULL_MODEL, AgentFields, CriticFields, FrozenLakeFields, _f, defaults
+from .config import FULL_MODEL, AgentFields, CriticFields, FrozenLakeFields, defaults, param
 from .envs import make_env
 from .losses import aggregate
 from .rollout import Batch, build_segments_batch
@@ -67,16 +67,16 @@ class PPOConfig(AgentFields, CriticFields, FrozenLakeFields):
         ),
     }
 
-    num_generations: int = _f(
+    num_generations: int = param(
         1,
         "Episodes per seed: 1 for PPO (the critic is the baseline); "
         ">= 2 (a group) for the grpo estimator.",
     )
-    prompts_per_step: int = _f(
+    prompts_per_step: int = param(
         32,
         "Episode seeds per RL step; the batch holds prompts_per_step * num_generations episodes.",
     )
-    num_minibatches: int = _f(
+    num_minibatches: int = param(
         4,
         "Minibatches per pass over the rollout batch: 4 gradient steps per batch by default "
         "(verl's default, 1 epoch of 4 minibatches); from the second, the ratio departs from 1 "

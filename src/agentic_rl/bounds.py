@@ -9,111 +9,96 @@ coefficient of 1e300: every update skipped) or sample from NaN (a temperature of
 come from what the quantity is:
 
 =======================  =========================================================================
-:data:`LIMITS`           fixed ranges: learning rates, temperature, loss and reward coefficients,
-                         clip ranges, LoRA, passes and rounds per step (checked in ``validate``)
+:func:`limits`           each field's fixed range, declared beside the field in its config
+                         (``param(..., high=1e3, why=COEF)``): learning rates, temperature, loss and
+                         reward coefficients, clip ranges, LoRA, passes and rounds per step
 :data:`CONTEXT_BUDGET`   the tokens one sequence may need: a turn limit times a turn's tokens, a
                          completion, an action budget (``validate``)
 :func:`lake_problem`     FrozenLake's hole density against the map size: gymnasium draws random
                          lakes until one is solvable (``validate``)
-:func:`memory_needs`     what training, evaluation and GCD's probes hold at once against the
-                         device's memory, ReTool's sandbox against the RAM (``check_environment``)
+:func:`memory_needs`     what training and evaluation hold at once against the device's memory
+                         (a recipe adds its own in ``RLConfig.memory_needs``)
 :func:`output_dir_problem`  whether the output folder can really be created and written (a probe,
                          not ``os.access``, which says yes to root under ``/proc``)
 =======================  =========================================================================
 
-Step counts and periods (``max_steps``, ``sft_steps``, ``save_steps``, ``coupling_every``,
-``grad_share_every``) and StarPO's ``mini_batch_size`` have no upper bound: a larger value is a
-longer run, a rarer measurement or one gradient step per batch, all defined.
+Step counts and periods (``max_steps``, ``sft_steps``, ``save_steps``, a chapter's measurement
+periods) and minibatch sizes have no upper bound: a larger value is a longer run, a rarer
+measurement or one gradient step per batch, all defined.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["LIMITS", "CONTEXT_BUDGET", "check_bounds", "lake_problem", "memory_needs",
-           "host_memory_needs", "check_memory", "memory_limit", "output_dir_problem",
-           "foreign_symlink"]  # fmt: skip
+__all__ = ["limits", "token_fields", "CONTEXT_BUDGET", "check_bounds", "lake_problem",
+           "memory_needs", "bytes_per_token", "check_memory", "memory_limit",
+           "output_dir_problem", "foreign_symlink"]  # fmt: skip
 
 #: Tokens one sequence may need: the context of SmolLM2 (the pretrained model here), 8192
 #: positions. A turn limit, a turn's tokens or a completion beyond it could not be attended to.
 CONTEXT_BUDGET = 8192
 
-_LR = (
+# Why a field stops where it does: a field declares its range with ``param(..., high=, why=)``.
+LR = (
     "AdamW moves each weight by about the learning rate per step: above 10 training is not "
     "defined (and from 1e38 it overflows float32)"
 )
-_COEF = (
+COEF = (
     "the other loss and reward terms are O(1): above 1e3 this one is all the update sees, and "
     "toward float32's 3.4e38 the loss overflows and every update is skipped"
 )
-_CLIP = "a ratio bound beyond 100 never acts (the ratio is exp of a log-prob difference)"
-#: field -> (smallest, largest, why): fixed ranges of the fields a config has (any recipe).
-LIMITS: dict[str, tuple[float | None, float, str]] = {
-    "learning_rate": (None, 10.0, _LR),
-    "sft_learning_rate": (None, 10.0, _LR),
-    "critic_learning_rate": (None, 10.0, _LR),
-    "temperature": (
-        0.01,
-        100.0,
-        "logits / temperature must stay finite in float32 (1e-300 samples from NaN) and not "
-        "flatten every distribution to uniform",
-    ),
-    "beta": (None, 1e3, _COEF),
-    "entropy_coeff": (None, 1e3, _COEF),
-    "vf_coef": (None, 1e3, _COEF),
-    "judge_weight": (None, 1e3, _COEF),
-    "judge_sft_weight": (None, 1e3, _COEF),
-    "step_advantage_weight": (None, 1e3, _COEF),
-    "format_weight": (None, 1e3, _COEF),
-    "format_penalty": (None, 1e3, _COEF),
-    "max_grad_norm": (None, 3.4e38, "gradient norms are float32"),
-    "epsilon_high": (None, 100.0, _CLIP),
-    "dual_clip": (None, 100.0, _CLIP),
-    "cliprange_value": (None, 100.0, "values live on the reward scale, O(1): 100 never clips"),
-    "num_iterations": (
-        None,
-        100,
-        "passes over one rollout batch (PPO uses 1 to 10): past 100 the ratio has long left the "
-        "clip range and every pass is wasted compute",
-    ),
-    "lora_r": (None, 2**14, "a rank above the width of the layers it adapts adds nothing"),
-    "lora_alpha": (None, 2**16, "the adapters' scale alpha / r multiplies their update"),
-    "max_sample_rounds": (
-        None,
-        100,
-        "a step that needs more rounds to refill its batch has groups whose rewards all agree: "
-        "more rounds would hang the run",
-    ),
-    "tool_workers": (None, 1024, "each worker is a process (about 16 MiB)"),
-    "num_alternatives": (None, 1024, "alternatives per expert state (the paper ablates 1 to 8)"),
-    "proposals": (None, 1024, "actions sampled per expert state, all played at once"),
-    "num_demos": (
-        None,
-        10**6,
-        "expert episodes, built and held in memory at once (ALFWorld has 3,553 training games)",
-    ),
-}
+CLIP = "a ratio bound beyond 100 never acts (the ratio is exp of a log-prob difference)"
+TEMPERATURE = (
+    "logits / temperature must stay finite in float32 (1e-300 samples from NaN) and not "
+    "flatten every distribution to uniform"
+)
+PASSES = (
+    "passes over one rollout batch (PPO uses 1 to 10): past 100 the ratio has long left the "
+    "clip range and every pass is wasted compute"
+)
+LORA_R = "a rank above the width of the layers it adapts adds nothing"
+ROUNDS = (
+    "a step that needs more rounds to refill its batch has groups whose rewards all agree: "
+    "more rounds would hang the run"
+)
 
-#: Fields counted in tokens or turns: each one at most :data:`CONTEXT_BUDGET`.
-_TOKEN_FIELDS = (
-    "max_completion_length", "max_turns", "max_action_tokens", "max_output_tokens", "max_actions",
-    "max_actions_per_turn", "slack",
-)  # fmt: skip
+
+def limits(config_cls) -> dict[str, tuple[float | None, float | None, str]]:
+    """field -> ``(smallest, largest, why)``: the ranges the config's fields declare
+    (``param(..., low=, high=, why=)``); a field a recipe declares again keeps its base's range."""
+    out = {}
+    for cls in reversed(config_cls.__mro__):
+        for f in getattr(cls, "__dataclass_fields__", {}).values():
+            if "bounds" in f.metadata:
+                out[f.name] = f.metadata["bounds"]
+    return out
+
+
+def token_fields(config_cls) -> list[str]:
+    """The fields counted in tokens or turns (``param(..., tokens=True)``): each one at most
+    :data:`CONTEXT_BUDGET`."""
+    names = []
+    for cls in reversed(config_cls.__mro__):
+        for f in getattr(cls, "__dataclass_fields__", {}).values():
+            if f.metadata.get("tokens") and f.name not in names:
+                names.append(f.name)
+    return names
 
 
 def check_bounds(config) -> None:
-    """Every field of :data:`LIMITS` and the context budget; ``config._bad`` on the first
-    violation (called by ``RLConfig.validate``, after the types and lower bounds)."""
-    for name, (low, high, why) in LIMITS.items():
-        value = getattr(config, name, None)
+    """Every field's declared range (:func:`limits`) and the context budget (:func:`token_fields`);
+    ``config._bad`` on the first violation (``RLConfig.validate``, after types and lower bounds)."""
+    for name, (low, high, why) in limits(type(config)).items():
+        value = getattr(config, name)
         if value is None:
             continue
-        if value > high:
+        if high is not None and value > high:
             config._bad(name, f"must be <= {high:g}: {why}")
         if low is not None and value < low:
             config._bad(name, f"must be >= {low:g}: {why}")
-    for name in _TOKEN_FIELDS:
-        if getattr(config, name, 0) > CONTEXT_BUDGET:
+    for name in token_fields(type(config)):
+        if getattr(config, name) > CONTEXT_BUDGET:
             config._bad(name, f"must be <= {CONTEXT_BUDGET} (the tokens a sequence may need)")
     if hasattr(config, "max_turns") and hasattr(config, "max_action_tokens"):
         tokens = config.max_turns * config.max_action_tokens
@@ -125,8 +110,7 @@ def check_bounds(config) -> None:
             )
     tiny = config.model_name_or_path is None
     if config.use_lora and tiny and config.lora_r > config.hidden_size:
-        why = LIMITS["lora_r"][2]
-        config._bad("lora_r", f"must be <= hidden_size ({config.hidden_size}): {why}")
+        config._bad("lora_r", f"must be <= hidden_size ({config.hidden_size}): {LORA_R}")
     problem = lake_problem(config)
     if problem:
         config._bad("p_frozen", problem)
@@ -241,11 +225,9 @@ def memory_needs(config) -> list[tuple[int, tuple[str, ...], str]]:
       much again for a critic) and one layer-stack of activations for the larger of the SFT and RL
       batches at the shortest sequence a rollout can have;
     - evaluation, any model: ``eval_size * eval_samples`` sequences of at least that length, 8
-      bytes a token (the ids; the agents play them all at once), and the tiny model's KV cache;
-    - GCD's probes: per-sample gradients, two of the model's size per probe pair (tiny model);
-    - Early Experience's alternatives: ``proposals`` one-turn episodes per expert state, played
-      at once.
-    """
+      bytes a token (the ids; the agents play them all at once), and the tiny model's KV cache.
+
+    A recipe adds what only it holds in its config's ``memory_needs`` (``RLConfig``)."""
     tiny = config.model_name_or_path is None
     tokens = max(config.min_sequence_tokens(), 1)
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
@@ -257,27 +239,17 @@ def memory_needs(config) -> list[tuple[int, tuple[str, ...], str]]:
                  "num_generations", "sft_batch_size") + config._size_fields  # fmt: skip
         weights = 9 * tiny_parameters(config)
         needs.append((4 * (weights + activations), sizes, "the model and batches"))
-    per_token = 8 + (8 * layers * h if tiny else 0)
+    per_token = bytes_per_token(config)
     sequences = config.eval_size * config.eval_samples
     needs.append((sequences * tokens * per_token, ("eval_size", "eval_samples"), "evaluation"))
-    if hasattr(config, "proposals"):  # early experience: every proposal of every state at once
-        rows = config.num_demos * 6 * config.proposals  # (an expert episode has <= 6 steps)
-        needs.append((rows * tokens * per_token, ("num_demos", "proposals"), "the alternatives"))
-    if hasattr(config, "num_probes"):
-        per_probe = 8 * tiny_parameters(config) if tiny else 8 * tokens
-        needs.append((config.num_probes * per_probe, ("num_probes",), "the coupling probes"))
     return needs
 
 
-def host_memory_needs(config) -> list[tuple[int, tuple[str, ...], str]]:
-    """What a run holds in the machine's RAM whatever its device: ReTool's sandbox, a process of
-    ~16 MiB per worker, and one snippet's memory cap (a cap above the RAM is no cap at all)."""
-    if not hasattr(config, "tool_workers"):
-        return []
-    return [
-        (config.tool_workers * (16 << 20), ("tool_workers",), "the sandbox workers"),
-        (config.tool_memory_mb << 20, ("tool_memory_mb",), "one snippet's memory cap"),
-    ]
+def bytes_per_token(config) -> int:
+    """What one token of a sequence held for evaluation costs: its id, and the tiny model's KV
+    cache (a recipe's own memory needs count their sequences with it)."""
+    tiny = config.model_name_or_path is None
+    return 8 + (8 * config.num_hidden_layers * config.hidden_size if tiny else 0)
 
 
 def check_memory(config, needs, total: int, where: str) -> None:

@@ -33,12 +33,14 @@ import dataclasses
 import math
 import re
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 from . import bounds
+from .bounds import CLIP, COEF, LORA_R, LR, PASSES, TEMPERATURE
 from .errors import ConfigError, RunError
 from .losses import AGG_MODES, LOSS_TYPE_ALIASES
+from .params import defaults, param
 
 __all__ = [
     "RLConfig", "AgentFields", "CriticFields", "FrozenLakeFields", "HouseholdFields", "FULL_MODEL",
@@ -68,36 +70,6 @@ def _on_cuda(device: str) -> bool:
     return torch.cuda.is_available()
 
 
-def _f(default, help: str):
-    return field(default=default, metadata={"help": help})
-
-
-def defaults(**values):
-    """Class decorator, under ``@dataclass``: new defaults for inherited fields, which keep their
-    type and help text (a recipe writes only what differs from the fields it inherits)."""
-
-    def apply(cls):
-        inherited = {}
-        for base in cls.__mro__[1:]:
-            if dataclasses.is_dataclass(base):
-                for f in dataclasses.fields(base):
-                    inherited.setdefault(f.name, f)
-        own = cls.__dict__.get("__annotations__")
-        if own is None:
-            own = {}
-            cls.__annotations__ = own
-        for name, value in values.items():
-            if name in own:  # the class declares the field itself (with its own help): it wins
-                continue
-            if name not in inherited:
-                raise TypeError(f"{cls.__name__}: no inherited field {name!r} to give a default")
-            own[name] = inherited[name].type
-            setattr(cls, name, field(default=value, metadata=inherited[name].metadata))
-        return cls
-
-    return apply
-
-
 @dataclass
 class RLConfig:
     """What every RL recipe shares: the run, the model, the SFT warm start,
@@ -112,107 +84,119 @@ class RLConfig:
     PRESETS: ClassVar[dict[str, dict]] = {}
 
     # --- run
-    profile: str = _f(
+    profile: str = param(
         "quick",
         "Profile: 'quick' (CPU, minutes) or 'full' (GPU). --profile (or from_profile) fills "
         "the fields you do not set with its values.",
     )
-    seed: int = _f(0, "Seed for python, numpy and torch (model init, problems, sampling).")
-    output_dir: str | None = _f(
+    seed: int = param(0, "Seed for python, numpy and torch (model init, problems, sampling).")
+    output_dir: str | None = param(
         None, "Folder for checkpoint.pt, metrics.csv and summary.json (None: keep nothing on disk)."
     )
-    device: str = _f("auto", "'auto' (CUDA, then MPS, then CPU), or 'cpu', 'cuda', 'mps'.")
-    resume: bool = _f(True, "Resume from output_dir/checkpoint.pt when it exists.")
-    save_steps: int = _f(
+    device: str = param("auto", "'auto' (CUDA, then MPS, then CPU), or 'cpu', 'cuda', 'mps'.")
+    resume: bool = param(True, "Resume from output_dir/checkpoint.pt when it exists.")
+    save_steps: int = param(
         25, "Write a checkpoint every this many steps (SFT and RL). 0: only at phase ends."
     )
-    disable_tqdm: bool = _f(False, "Hide progress bars (as TRL's disable_tqdm).")
+    disable_tqdm: bool = param(False, "Hide progress bars (as TRL's disable_tqdm).")
     # --- model
-    model_name_or_path: str | None = _f(
+    model_name_or_path: str | None = param(
         None,
         "Pretrained model: a hub name, a folder, or a packaged model's alias "
         "('smollm2-135m-instruct', installed with pip, no hub needed). None: a tiny Llama "
         "from scratch.",
     )
-    hidden_size: int = _f(128, "Tiny model: hidden size.")
-    num_hidden_layers: int = _f(4, "Tiny model: number of decoder layers.")
-    num_attention_heads: int = _f(4, "Tiny model: attention heads.")
-    num_key_value_heads: int = _f(2, "Tiny model: key/value heads (grouped-query attention).")
-    intermediate_size: int = _f(512, "Tiny model: MLP width.")
-    use_lora: bool = _f(False, "Train LoRA adapters instead of all weights (peft).")
-    lora_r: int = _f(8, "LoRA rank.")
-    lora_alpha: int = _f(16, "LoRA alpha.")
-    lora_target_modules: str = _f(
+    hidden_size: int = param(128, "Tiny model: hidden size.")
+    num_hidden_layers: int = param(4, "Tiny model: number of decoder layers.")
+    num_attention_heads: int = param(4, "Tiny model: attention heads.")
+    num_key_value_heads: int = param(2, "Tiny model: key/value heads (grouped-query attention).")
+    intermediate_size: int = param(512, "Tiny model: MLP width.")
+    use_lora: bool = param(False, "Train LoRA adapters instead of all weights (peft).")
+    lora_r: int = param(8, "LoRA rank.", high=2**14, why=LORA_R)
+    lora_alpha: int = param(
+        16, "LoRA alpha.", high=2**16, why="the adapters' scale alpha / r multiplies their update"
+    )
+    lora_target_modules: str = param(
         "q_proj,k_proj,v_proj,o_proj",
         "Comma-separated names of the modules that get LoRA adapters (the attention projections).",
     )
     # --- SFT warm start
-    sft_steps: int = _f(600, "SFT steps on teacher demonstrations before RL (0: skip).")
-    sft_batch_size: int = _f(64, "Demonstrations per SFT step.")
-    sft_learning_rate: float = _f(1e-3, "SFT learning rate (AdamW).")
+    sft_steps: int = param(600, "SFT steps on teacher demonstrations before RL (0: skip).")
+    sft_batch_size: int = param(64, "Demonstrations per SFT step.")
+    sft_learning_rate: float = param(1e-3, "SFT learning rate (AdamW).", high=10.0, why=LR)
     # --- policy optimisation (TRL names)
-    max_steps: int = _f(100, "RL steps (one rollout batch each).")
-    prompts_per_step: int = _f(
+    max_steps: int = param(100, "RL steps (one rollout batch each).")
+    prompts_per_step: int = param(
         32,
         "Prompts (or episode seeds) per RL step; "
         "the batch holds prompts_per_step * num_generations rollouts.",
     )
-    num_generations: int = _f(8, "G: rollouts sampled per prompt (the group).")
-    learning_rate: float = _f(1e-4, "Policy learning rate (AdamW).")
-    beta: float = _f(
-        0.0, "KL coefficient. 0 (TRL's default) loads no reference model; DeepSeekMath used 0.04."
-    )
-    kl_estimator: str = _f(
+    num_generations: int = param(8, "G: rollouts sampled per prompt (the group).")
+    learning_rate: float = param(1e-4, "Policy learning rate (AdamW).", high=10.0, why=LR)
+    beta: float = param(
+        0.0,
+        "KL coefficient. 0 (TRL's default) loads no reference model; DeepSeekMath used 0.04.",
+        high=1e3, why=COEF,
+    )  # fmt: skip
+    kl_estimator: str = param(
         "k3", "KL estimator in the loss: 'k1', 'k2' or 'k3' (DeepSeekMath and TRL use k3)."
     )
-    kl_in_reward: bool = _f(
+    kl_in_reward: bool = param(
         False,
         "Put the KL into the reward instead of the loss (verl's use_kl_in_reward, RAGEN's "
         "paper-era code): r - beta * k(t) on every trained token, before the advantages. As a "
         "loss term, k1's expected gradient is zero whatever beta (chapter StarPO).",
     )
-    log_kl: bool = _f(
+    log_kl: bool = param(
         False,
         "Keep pi_ref and log the KL to it even when beta = 0 (one extra forward pass per step, "
         "15-25 %% of a quick-profile step). Off: with beta = 0 no reference model is built, as "
         "in TRL; the GRPO lab asks for it, because the drift is one of its subjects.",
     )
-    epsilon: float = _f(0.2, "Lower clip range: ratios below 1 - epsilon are clipped.")
-    epsilon_high: float | None = _f(
-        None, "Upper clip range (DAPO's clip-higher). None: equal to epsilon."
+    epsilon: float = param(0.2, "Lower clip range: ratios below 1 - epsilon are clipped.")
+    epsilon_high: float | None = param(
+        None, "Upper clip range (DAPO's clip-higher). None: equal to epsilon.", high=100.0, why=CLIP
     )
-    dual_clip: float | None = _f(
-        None, "Dual-clip constant c > 1 for negative advantages (verl clip_ratio_c). None: off."
-    )
-    loss_type: str = _f(
+    dual_clip: float | None = param(
+        None,
+        "Dual-clip constant c > 1 for negative advantages (verl clip_ratio_c). None: off.",
+        high=100.0, why=CLIP,
+    )  # fmt: skip
+    loss_type: str = param(
         "grpo",
         "Loss aggregation: a verl mode (token-mean, seq-mean-token-mean, seq-mean-token-sum-norm, "
         "...) or a TRL loss_type alias (grpo, bnpo, dr_grpo, dapo). "
         "Default 'grpo' = DeepSeekMath eq. 3 (TRL's default is 'dapo').",
     )
-    scale_rewards: str = _f(
+    scale_rewards: str = param(
         "group", "Advantage scaling: 'group' (GRPO), 'batch', or 'none' (Dr. GRPO)."
     )
-    temperature: float = _f(
-        1.0, "Sampling temperature (the log-probs of the loss use the same temperature)."
-    )
-    num_iterations: int = _f(
-        1, "mu: passes (epochs) over each rollout batch (each reuses the same samples)."
-    )
-    num_minibatches: int = _f(
+    temperature: float = param(
+        1.0,
+        "Sampling temperature (the log-probs of the loss use the same temperature).",
+        low=0.01, high=100.0, why=TEMPERATURE,
+    )  # fmt: skip
+    num_iterations: int = param(
+        1,
+        "mu: passes (epochs) over each rollout batch (each reuses the same samples).",
+        high=100, why=PASSES,
+    )  # fmt: skip
+    num_minibatches: int = param(
         1,
         "Minibatches per pass: each pass takes this many gradient steps on disjoint slices of "
         "the batch (PPO's minibatches; verl: train batch / ppo_mini_batch_size).",
     )
-    max_grad_norm: float = _f(1.0, "Gradient clipping norm.")
-    skip_prompt_logits: bool = _f(
+    max_grad_norm: float = param(
+        1.0, "Gradient clipping norm.", high=3.4e38, why="gradient norms are float32"
+    )
+    skip_prompt_logits: bool = param(
         True,
         "Compute the loss's logits only from the first generated column on: the same log-probs, "
         "gradients equal up to float summation order, and no LM head over the prompt (on a "
         "pretrained model's 49k-word vocabulary, as costly as the transformer). False: the plain "
         "pass over every column, as the GRPO chapter first writes it.",
     )
-    share_prompt_prefix: bool = _f(
+    share_prompt_prefix: bool = param(
         True,
         "Encode each prompt once for its G samples, in sampling and in the loss (the prompt's KV "
         "cache shared by its group): the same sampler and random draws as `generate`, and the "
@@ -220,7 +204,7 @@ class RLConfig:
         "41 %% fewer tokens through the transformer on the quick profile. False: the plain path "
         "(every row encoded whole), as the GRPO chapter first writes it.",
     )
-    bf16: bool = _f(
+    bf16: bool = param(
         False,
         "Mixed precision: bf16 where the GPU supports it, else fp16 with a gradient scaler "
         "(compute capability 7.0+, e.g. a T4), else float32. The forward passes of sampling and "
@@ -228,16 +212,18 @@ class RLConfig:
         "name, bf16=True). Ignored on the CPU, where runs stay float32. The GPU version of the "
         "full profile turns it on.",
     )
-    entropy_coeff: float = _f(
+    entropy_coeff: float = param(
         0.0,
         "Entropy bonus: the loss subtracts entropy_coeff times the mean entropy of the generated "
         "tokens (verl's entropy_coeff; RAGEN uses 0.001). 0: off, as TRL.",
+        high=1e3,
+        why=COEF,
     )
     # --- evaluation
-    eval_size: int = _f(
+    eval_size: int = param(
         256, "Held-out problems (or episode seeds) for the before/after evaluation."
     )
-    eval_samples: int = _f(
+    eval_samples: int = param(
         4, "Samples per held-out problem for sampled accuracy (pass@1 at temperature)."
     )
 
@@ -264,12 +250,10 @@ class RLConfig:
         return cls(**{**values, **overrides, "profile": profile})
 
     # ------------------------------------------------------------------ validation
-    # ``validate()`` checks the config on its own (types, finite numbers, ranges, cross-field
-    # rules), at construction and after every assignment (a rejected one is undone): a config is
-    # always valid; change coupled fields together with ``dataclasses.replace``. A recipe's
-    # ``validate`` calls ``super().validate()`` and adds rules with ``self._bad(name, why)``.
-    # ``check_environment()`` checks the machine (device, model, output folder, memory); every run
-    # calls it before any compute (the trainer's constructor, the CLI).
+    # ``validate()`` checks the config alone (types, ranges, cross-field rules) at construction
+    # and after every assignment (a rejected one is undone): change coupled fields together with
+    # ``dataclasses.replace``. A recipe's ``validate`` calls ``super().validate()``, then
+    # ``self._bad(name, why)``. ``check_environment()`` checks the machine, before any compute.
 
     def __post_init__(self):
         self.validate()
@@ -341,6 +325,15 @@ class RLConfig:
         if self.PRESETS:
             self._check_preset()
         bounds.check_bounds(self)  # upper bounds, the context budget (agentic_rl.bounds)
+
+    def memory_needs(self) -> list[tuple[int, tuple[str, ...], str]]:
+        """What a run holds at once on its device: ``(bytes, fields that set it, what)``
+        (:func:`agentic_rl.bounds.memory_needs`); a recipe adds its own after ``super()``."""
+        return bounds.memory_needs(self)
+
+    def host_memory_needs(self) -> list[tuple[int, tuple[str, ...], str]]:
+        """The same, in the machine's RAM whatever the device (ReTool's sandbox); none here."""
+        return []
 
     @property
     def uses_critic(self) -> bool:
@@ -513,9 +506,9 @@ class RLConfig:
             total, where = torch.cuda.get_device_properties(index).total_memory, "GPU memory"
         else:
             total, where = bounds.memory_limit()  # RAM, ulimit -v or a cgroup's: the smallest
-        bounds.check_memory(self, bounds.memory_needs(self), total, where)  # model, batches, ...
+        bounds.check_memory(self, self.memory_needs(), total, where)  # model, batches, ...
         host, where = bounds.memory_limit()  # ReTool's sandbox: in RAM whatever the device
-        bounds.check_memory(self, bounds.host_memory_needs(self), host, where)
+        bounds.check_memory(self, self.host_memory_needs(), host, where)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -530,17 +523,21 @@ class AgentFields(RLConfig):
     #: The environments the recipe's trainer can build.
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ()
 
-    hidden_size: int = _f(64, "Tiny model: hidden size.")
-    num_hidden_layers: int = _f(2, "Tiny model: number of decoder layers.")
-    intermediate_size: int = _f(256, "Tiny model: MLP width.")
-    env: str = _f("frozenlake", "Environment name (see agentic_rl.envs.ENVS).")
-    max_turns: int = _f(8, "Turn limit of an episode (the environment truncates at it).")
-    demo_error_rate: float = _f(
+    hidden_size: int = param(64, "Tiny model: hidden size.")
+    num_hidden_layers: int = param(2, "Tiny model: number of decoder layers.")
+    intermediate_size: int = param(256, "Tiny model: MLP width.")
+    env: str = param("frozenlake", "Environment name (see agentic_rl.envs.ENVS).")
+    max_turns: int = param(
+        8, "Turn limit of an episode (the environment truncates at it).", tokens=True
+    )
+    demo_error_rate: float = param(
         0.3,
         "Fraction of demonstration actions replaced by a random other action "
         "(mixed-quality SFT data).",
     )
-    max_action_tokens: int = _f(3, "Maximum tokens the policy may generate in one turn.")
+    max_action_tokens: int = param(
+        3, "Maximum tokens the policy may generate in one turn.", tokens=True
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -580,25 +577,28 @@ class AgentFields(RLConfig):
 class CriticFields(RLConfig):
     """PPO's critic and GAE, or GRPO's group advantage instead (``advantage_estimator``)."""
 
-    advantage_estimator: str = _f(
+    advantage_estimator: str = param(
         "gae", "'gae' (PPO with a critic) or 'grpo' (group-relative, no critic)."
     )
-    gamma: float = _f(1.0, "GAE discount over generated tokens, in [0, 1].")
-    lam: float = _f(
+    gamma: float = param(1.0, "GAE discount over generated tokens, in [0, 1].")
+    lam: float = param(
         1.0, "GAE lambda, in [0, 1]: 0 is one-step TD, 1 is Monte Carlo minus the value baseline."
     )
-    critic_learning_rate: float = _f(1e-3, "Critic learning rate (AdamW).")
-    vf_coef: float = _f(
+    critic_learning_rate: float = param(1e-3, "Critic learning rate (AdamW).", high=10.0, why=LR)
+    vf_coef: float = param(
         1.0,
         "Weight of the value loss (the critic is a separate model, so it only scales its step).",
-    )
-    cliprange_value: float | None = _f(
-        0.2, "Value clipping around the rollout-time values (verl cliprange_value). None: off."
-    )
-    whiten_advantages: bool = _f(
+        high=1e3, why=COEF,
+    )  # fmt: skip
+    cliprange_value: float | None = param(
+        0.2,
+        "Value clipping around the rollout-time values (verl cliprange_value). None: off.",
+        high=100.0, why="values live on the reward scale, O(1): 100 never clips",
+    )  # fmt: skip
+    whiten_advantages: bool = param(
         True, "Whiten GAE advantages over the batch's generated tokens (verl, RAGEN)."
     )
-    bootstrap_truncated: bool = _f(
+    bootstrap_truncated: bool = param(
         False,
         "Bootstrap truncated episodes from the critic (add gamma * V(s_T) to their last reward). "
         "Off by default: here the turn limit is part of the task, so running out of turns is "
@@ -628,13 +628,13 @@ class CriticFields(RLConfig):
 class FrozenLakeFields(RLConfig):
     """FrozenLake's random lakes (gymnasium's map generator)."""
 
-    map_size: int = _f(
+    map_size: int = param(
         4, "FrozenLake: the map is map_size x map_size, drawn at random per episode seed."
     )
-    is_slippery: bool = _f(
+    is_slippery: bool = param(
         False, "FrozenLake: slippery ice (an action moves as intended only 1/3 of the time)."
     )
-    p_frozen: float = _f(
+    p_frozen: float = param(
         0.8, "FrozenLake: probability that a tile of a random map is frozen (not a hole)."
     )
 
@@ -653,8 +653,8 @@ class HouseholdFields(RLConfig):
     """The ALFWorld-style household (``envs.HouseholdEnv``): its goals and its budget of turns.
     With :class:`AgentFields` (its checks read ``max_turns`` and ``max_action_tokens``)."""
 
-    clean_fraction: float = _f(0.5, "Share of 'put clean O in T' goals (6 actions; 'put': 4).")
-    slack: int = _f(2, "Turns of each task's budget beyond the optimal plan.")
+    clean_fraction: float = param(0.5, "Share of 'put clean O in T' goals (6 actions; 'put': 4).")
+    slack: int = param(2, "Turns of each task's budget beyond the optimal plan.", tokens=True)
 
     def validate(self) -> None:
         super().validate()

@@ -26,7 +26,8 @@ from typing import ClassVar
 import torch
 
 from . import filters
-from .config import _f, defaults
+from .bounds import COEF, ROUNDS
+from .config import defaults, param
 from .grpo import GRPOConfig, GRPOTrainer
 from .rollout import Batch
 
@@ -61,28 +62,35 @@ class DAPOConfig(GRPOConfig):
         ),
     }
 
-    preset: str = _f(
+    preset: str = param(
         "dapo",
         "'dapo' (clip-higher 0.28, token-level loss, dynamic sampling, overlong shaping) or "
         "'grpo' (all four off: the GRPO chapter's settings). Fields you set override it.",
     )
-    dynamic_sampling: bool = _f(
+    dynamic_sampling: bool = param(
         True,
         "Refill the batch with groups whose answers are neither all right nor all wrong "
         "(DAPO's dynamic sampling), playing up to max_sample_rounds rounds of prompts.",
     )
-    max_sample_rounds: int = _f(
-        3, "Dynamic sampling: at most this many rollout rounds per step to refill the batch."
+    max_sample_rounds: int = param(
+        3,
+        "Dynamic sampling: at most this many rollout rounds per step to refill the batch.",
+        high=100,
+        why=ROUNDS,
     )
-    overlong_buffer: int = _f(
+    overlong_buffer: int = param(
         4,
         "L_cache: the last this many tokens of max_completion_length cost up to "
         "overlong_penalty_factor in reward (DAPO's soft overlong punishment). 0: off.",
+        tokens=True,
     )
-    overlong_penalty_factor: float = _f(
-        1.0, "Reward cost of a completion that uses the whole budget (DAPO: 1.0)."
+    overlong_penalty_factor: float = param(
+        1.0,
+        "Reward cost of a completion that uses the whole budget (DAPO: 1.0).",
+        high=1e3,
+        why=COEF,
     )
-    mask_truncated: bool = _f(
+    mask_truncated: bool = param(
         False,
         "Overlong filtering: no loss on completions that hit max_completion_length without "
         "ending (TRL's mask_truncated_completions). Off, as DAPO's final recipe.",

@@ -38,6 +38,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
+from . import bounds
 from .agent import AgentTrainer
 from .config import (
     GROUP_AGENT_DEFAULTS,
@@ -45,8 +46,8 @@ from .config import (
     AgentFields,
     HouseholdFields,
     RunError,
-    _f,
     defaults,
+    param,
 )
 from .envs import HouseholdEnv
 from .envs.household import ACTION_OPEN
@@ -200,7 +201,12 @@ class _Branch:
 
 
 def collect_alternatives(
-    trainer, seeds: list[int], episodes: list[list[Transition]], *, k: int, proposals: int,
+    trainer,
+    seeds: list[int],
+    episodes: list[list[Transition]],
+    *,
+    k: int,
+    proposals: int,
     seed: int,
 ) -> list[list[list[Transition]]]:
     """Eq. ee-data: at each expert state, ``proposals`` actions sampled from the current policy
@@ -299,56 +305,73 @@ class EarlyExperienceConfig(AgentFields, HouseholdFields):
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("household",)
     PROFILES: ClassVar[dict[str, dict]] = {
         "quick": {},
-        "full": dict(
-            GROUP_AGENT_FULL, num_demos=256, initial_steps=100, world_model_steps=200
-        ),
+        "full": dict(GROUP_AGENT_FULL, num_demos=256, initial_steps=100, world_model_steps=200),
     }
     # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
-    env: str = _f("household", "Environment: 'household' (ALFWorld-style tasks).")
-    sft_steps: int = _f(
+    env: str = param("household", "Environment: 'household' (ALFWorld-style tasks).")
+    sft_steps: int = param(
         300, "Warm-start steps, all included: initial_steps, then the start's own (same budget)."
     )
-    sft_learning_rate: float = _f(3e-3, "Warm-start learning rate.")
-    max_steps: int = _f(30, "GRPO steps after the warm start.")
-    max_action_tokens: int = _f(5, "Tokens of one action: 'take mug from table' and the stop word.")
-    demo_error_rate: float = _f(
+    sft_learning_rate: float = param(3e-3, "Warm-start learning rate.")
+    max_steps: int = param(30, "GRPO steps after the warm start.")
+    max_action_tokens: int = param(
+        5, "Tokens of one action: 'take mug from table' and the stop word."
+    )
+    demo_error_rate: float = param(
         0.0, "Must be 0: the paper's demonstrations are an expert's (D_expert)."
     )
     # --- early experience
-    start: str = _f(
+    start: str = param(
         "imitation",
         "The warm start: 'imitation' (SFT on D_expert, eq. ee-il), 'world_model' (implicit world "
         "modelling, then imitation, eq. ee-iwm) or 'reflection' (self-reflection mixed with "
         "imitation, eq. ee-sr).",
     )
-    num_demos: int = _f(
-        32, "Expert episodes in D_expert, a fixed set drawn once from the run's seed (the "
-        "paper's N counts their states)."
+    num_demos: int = param(
+        32,
+        "Expert episodes in D_expert, a fixed set drawn once from the run's seed (the "
+        "paper's N counts their states).",
+        high=10**6,
+        why="expert episodes, built and held in memory at once (ALFWorld has 3,553 training games)",
     )
-    initial_steps: int = _f(
+    initial_steps: int = param(
         30,
         "Imitation steps of the initial policy, which proposes the alternatives (every start "
         "begins with them; the paper's initial policy is the instruction-tuned model).",
     )
-    num_alternatives: int = _f(
-        4, "K: alternative actions kept per expert state, each different from the expert's."
+    num_alternatives: int = param(
+        4,
+        "K: alternative actions kept per expert state, each different from the expert's.",
+        high=1024,
+        why="alternatives per expert state (the paper ablates 1 to 8)",
     )
-    proposals: int = _f(
-        16, "Actions sampled from the initial policy per state, of which the first K distinct "
+    proposals: int = param(
+        16,
+        "Actions sampled from the initial policy per state, of which the first K distinct "
         "non-expert ones are kept.",
+        high=1024,
+        why="actions sampled per expert state, all played at once",
     )
-    world_model_steps: int = _f(
+    world_model_steps: int = param(
         25,
         "'world_model': steps of the world-modelling stage (next states of D_rollout and of the "
         "expert's transitions) after initial_steps; imitation takes the rest of sft_steps. 25 "
         "steps of 32 rows are about one pass over the ~800 transitions of the defaults (the "
         "paper's schedule, per a secondary summary: one epoch, then imitation).",
     )
-    reflection_share: float = _f(
-        0.5, "'reflection': share of each warm-start batch that is reflection rows (the rest: "
+    reflection_share: float = param(
+        0.5,
+        "'reflection': share of each warm-start batch that is reflection rows (the rest: "
         "expert episodes).",
     )
+
+    def memory_needs(self) -> list[tuple[int, tuple[str, ...], str]]:
+        """And the alternatives: ``proposals`` one-turn episodes per expert state, all at once."""
+        rows = self.num_demos * 6 * self.proposals  # (an expert episode has <= 6 steps)
+        tokens = max(self.min_sequence_tokens(), 1) * bounds.bytes_per_token(self)
+        need = (rows * tokens, ("num_demos", "proposals"), "the alternatives")
+        return [*super().memory_needs(), need]
 
     def validate(self) -> None:
         super().validate()

@@ -40,16 +40,17 @@ from typing import ClassVar
 
 import torch
 
-from . import coupling, runs
+from . import bounds, coupling, runs
 from .advantages import group_advantages
 from .agent import AgentTrainer
+from .bounds import COEF
 from .config import (
     GROUP_AGENT_DEFAULTS,
     GROUP_AGENT_FULL,
     AgentFields,
     HouseholdFields,
-    _f,
     defaults,
+    param,
 )
 from .envs import HouseholdEnv
 from .envs.household import RECEPTACLES, counterfactual_goal
@@ -96,58 +97,72 @@ class GCDConfig(AgentFields, HouseholdFields):
     }
     # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
-    env: str = _f("household", "Environment: 'household' (ALFWorld-style tasks).")
-    sft_steps: int = _f(500, "SFT steps on the mixed-quality teacher's episodes before RL.")
-    sft_learning_rate: float = _f(3e-3, "SFT learning rate.")
-    max_steps: int = _f(30, "RL steps (one rollout batch each).")
-    eval_size: int = _f(64, "Held-out tasks per split (in domain and out of domain).")
-    max_turns: int = _f(8, "Cap on an episode's turns (each task's budget: its plan + slack).")
-    max_action_tokens: int = _f(5, "Tokens of one action: 'take mug from table' and the stop word.")
-    demo_error_rate: float = _f(
+    env: str = param("household", "Environment: 'household' (ALFWorld-style tasks).")
+    sft_steps: int = param(500, "SFT steps on the mixed-quality teacher's episodes before RL.")
+    sft_learning_rate: float = param(3e-3, "SFT learning rate.")
+    max_steps: int = param(30, "RL steps (one rollout batch each).")
+    eval_size: int = param(64, "Held-out tasks per split (in domain and out of domain).")
+    max_turns: int = param(8, "Cap on an episode's turns (each task's budget: its plan + slack).")
+    max_action_tokens: int = param(
+        5, "Tokens of one action: 'take mug from table' and the stop word."
+    )
+    demo_error_rate: float = param(
         0.1,
         "Per turn, the chance that the SFT teacher takes a flawed action (then recovers): the "
         "flawed actions that RL has to unlearn.",
     )
     # --- the environment
-    hint: bool = _f(
+    hint: bool = param(
         False,
         "Prompt-based correction: the first observation ends with 'hint : avoid ...', naming the "
         "receptacles that are not the target.",
     )
     # --- GCD
-    judge_weight: float = _f(
+    judge_weight: float = param(
         0.1,
         "lambda: weight of the judgement loss (generative classification of each action as good "
         "or bad); 0 is plain GRPO on the same task. Above 0 the loss's forward pass is the plain "
         "one over every column of every row (share_prompt_prefix and skip_prompt_logits do not "
         "apply): the judgement reads logits at action columns anywhere in the episode, which the "
         "fast paths do not return. The same log-probs up to float summation order.",
+        high=1e3,
+        why=COEF,
     )
-    judge_labels: str = _f(
+    judge_labels: str = param(
         "outcome",
         "Label of each action for the judgement: 'outcome' (the episode's success), 'advantage' "
         "(the sign of its GRPO advantage; 0: no label) or 'oracle' (the environment's own "
         "flawed-action flag: the analogue of the paper's labels, which its Figure 5 says come "
         "from the consistency of 5 judgments by DeepSeek-V3).",
     )
-    judge_balance: bool = _f(
+    judge_balance: bool = param(
         True,
         "Class-balance the judgement loss: weight each class's examples so that both classes "
         "count equally (a judge that always says the majority class no longer wins); false: the "
         "plain mean over the labelled actions.",
     )
-    judge_sft_weight: float = _f(
+    judge_sft_weight: float = param(
         0.0,
         "Weight of a judgement loss in the SFT warm start (0: none): after each of the teacher's "
         "actions, its own label (good, or flawed), class-balanced, next to the SFT loss (the cold "
         "start on critic data that summaries of the paper describe; the paper's is unknown).",
+        high=1e3,
+        why=COEF,
     )
-    good_token: str = _f("<|good|>", "The special token of the judgement 'good'.")
-    bad_token: str = _f("<|bad|>", "The special token of the judgement 'bad'.")
-    coupling_every: int = _f(
+    good_token: str = param("<|good|>", "The special token of the judgement 'good'.")
+    bad_token: str = param("<|bad|>", "The special token of the judgement 'bad'.")
+    coupling_every: int = param(
         10, "Measure gradient coupling on the probe pairs every this many RL steps (0: off)."
     )
-    num_probes: int = _f(16, "Probe pairs (one action, good in one state, flawed in another).")
+    num_probes: int = param(16, "Probe pairs (one action, good in one state, flawed in another).")
+
+    def memory_needs(self) -> list[tuple[int, tuple[str, ...], str]]:
+        """And the probes: per-sample gradients, two of the model's size per probe pair (tiny
+        model), or their sequences (a pretrained one)."""
+        tiny, tokens = self.model_name_or_path is None, max(self.min_sequence_tokens(), 1)
+        per_probe = 8 * bounds.tiny_parameters(self) if tiny else 8 * tokens
+        need = (self.num_probes * per_probe, ("num_probes",), "the coupling probes")
+        return [*super().memory_needs(), need]
 
     def validate(self) -> None:
         super().validate()

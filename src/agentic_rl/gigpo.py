@@ -62,8 +62,15 @@ from typing import ClassVar
 import torch
 
 from .agent import AgentTrainer
-from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, FrozenLakeFields, _f
-from .config import defaults
+from .bounds import COEF
+from .config import (
+    GROUP_AGENT_DEFAULTS,
+    GROUP_AGENT_FULL,
+    AgentFields,
+    FrozenLakeFields,
+    defaults,
+    param,
+)
 from .envs import FrozenLakeEnv, HouseholdEnv, SokobanEnv
 from .rollout import Batch
 
@@ -199,9 +206,7 @@ def gigpo_advantages(
     if cross_steps:
         episode_level = _normalise(episode_return[block], group_index, singleton="raw", **norm)
     else:
-        per_episode = _normalise(
-            episode_return, group_index[first_row], singleton="raw", **norm
-        )
+        per_episode = _normalise(episode_return, group_index[first_row], singleton="raw", **norm)
         episode_level = per_episode[block]
     # Eq. 4-7: discounted returns compared within each anchor's step group
     returns = discounted_returns(rewards, block, gamma)
@@ -283,34 +288,37 @@ class GiGPOConfig(AgentFields, FrozenLakeFields):
     }
     # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
-    env: str = _f(
+    env: str = param(
         "frozenlake",
         "Environment whose states recur: 'frozenlake' (deterministic lakes), 'sokoban' or "
         "'household'. The anchor of a step is the raw observation it acts on.",
     )
-    sft_steps: int = _f(200, "SFT steps on demonstrations before RL (0: skip).")
-    max_steps: int = _f(40, "RL steps (one rollout batch each).")
-    demo_error_rate: float = _f(
+    sft_steps: int = param(200, "SFT steps on demonstrations before RL (0: skip).")
+    max_steps: int = param(40, "RL steps (one rollout batch each).")
+    demo_error_rate: float = param(
         0.5, "Fraction of demonstration actions replaced by another (a weak start leaves room)."
     )
     # --- GiGPO
-    gamma: float = _f(
+    gamma: float = param(
         0.95, "Discount of the step-level return R_t (Eq. 5), in (0, 1]; every GiGPO script: 0.95."
     )
-    step_advantage_weight: float = _f(
-        1.0, "omega of Eq. 8: A = A^E + omega * A^S, >= 0 (paper: 1, untuned); 0 is GRPO."
+    step_advantage_weight: float = param(
+        1.0,
+        "omega of Eq. 8: A = A^E + omega * A^S, >= 0 (paper: 1, untuned); 0 is GRPO.",
+        high=1e3,
+        why=COEF,
     )
-    scale_by_std: bool = _f(
+    scale_by_std: bool = param(
         True,
         "F_norm = unbiased std + 1e-6 at both levels (verl-agent's mean_std_norm, its ALFWorld "
         "choice); false: F_norm = 1 (mean_norm, WebShop and Sokoban).",
     )
-    cross_steps: bool = _f(
+    cross_steps: bool = param(
         True,
         "Episode-level mean and std over the group's step rows (verl-agent's only path); false: "
         "over its episodes (the paper's Eq. 3).",
     )
-    room_size: int = _f(6, "Sokoban: side of the room, walls included.")
+    room_size: int = param(6, "Sokoban: side of the room, walls included.")
 
     def validate(self) -> None:
         super().validate()

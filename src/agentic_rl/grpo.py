@@ -19,7 +19,8 @@ from typing import ClassVar
 import torch
 
 from . import distributed as dist
-from .config import FULL_MODEL, RLConfig, _f
+from .bounds import COEF
+from .config import FULL_MODEL, RLConfig, param
 from .envs import make_task
 from .rollout import Batch, build_sft_batch, chat_prompt, generate_batch
 from .train import Trainer
@@ -91,16 +92,18 @@ class GRPOConfig(RLConfig):
     }
 
     # --- task
-    task: str = _f("addition", "Task name (see agentic_rl.envs.TASKS).")
-    digits: int = _f(2, "Addition and sums tasks: digits per operand.")
-    teacher_error_rate: float = _f(
+    task: str = param("addition", "Task name (see agentic_rl.envs.TASKS).")
+    digits: int = param(2, "Addition and sums tasks: digits per operand.")
+    teacher_error_rate: float = param(
         0.5, "Fraction of SFT demonstrations with one wrong digit (the noisy teacher)."
     )
-    format_weight: float = _f(
+    format_weight: float = param(
         0.1,
         "Weight of the format reward added to the 0/1 exact-match reward (sums: the bare number).",
+        high=1e3,
+        why=COEF,
     )
-    max_completion_length: int = _f(8, "Maximum generated tokens per completion.")
+    max_completion_length: int = param(8, "Maximum generated tokens per completion.", tokens=True)
 
     def validate(self) -> None:
         super().validate()

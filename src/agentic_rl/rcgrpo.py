@@ -35,7 +35,14 @@ from . import distributed as dist
 from . import runs
 from .advantages import group_advantages
 from .agent import AgentTrainer
-from .config import GROUP_AGENT_DEFAULTS, GROUP_AGENT_FULL, AgentFields, ConfigError, _f, defaults
+from .config import (
+    GROUP_AGENT_DEFAULTS,
+    GROUP_AGENT_FULL,
+    AgentFields,
+    ConfigError,
+    defaults,
+    param,
+)
 from .envs import FileSystemEnv
 from .rollout import build_segments_batch
 from .utils import CONDITION_DRAW_OFFSET, eval_sampling_seed, fixed_rng, substream, train_seed
@@ -69,57 +76,59 @@ class RCGRPOConfig(AgentFields):
     PROFILES: ClassVar[dict[str, dict]] = {"quick": {}, "full": GROUP_AGENT_FULL}
     # (group-relative only: no CriticFields, so no critic and no critic flags; uses_critic False)
     # --- defaults that differ from the agent fields'
-    env: str = _f("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
-    sft_steps: int = _f(
+    env: str = param("filesystem", "Environment: 'filesystem' (BFCL-style tool calls).")
+    sft_steps: int = param(
         700,
         "Warm-start steps (SFT or RCTP, see warm_start) before RL: past the steep part of the "
         "learning curve (the copying of names is learned at about 300 steps).",
     )
-    sft_learning_rate: float = _f(3e-3, "Warm-start learning rate.")
-    max_steps: int = _f(50, "RL steps (one rollout batch each).")
-    max_turns: int = _f(5, "Calls per episode, 'done' included (the hard tasks need 4).")
-    max_action_tokens: int = _f(4, "Tokens of one call: the name, two arguments, the stop word.")
-    demo_error_rate: float = _f(
+    sft_learning_rate: float = param(3e-3, "Warm-start learning rate.")
+    max_steps: int = param(50, "RL steps (one rollout batch each).")
+    max_turns: int = param(5, "Calls per episode, 'done' included (the hard tasks need 4).")
+    max_action_tokens: int = param(4, "Tokens of one call: the name, two arguments, the stop word.")
+    demo_error_rate: float = param(
         0.5,
         "Fraction of warm-start trajectories that are corrupted (a wrong argument, a skipped, "
         "swapped or extra call): 0.5 gives RCTP its 1:1 mix. SFT keeps only the successful ones.",
     )
     # --- the environment
-    hard_fraction: float = _f(
+    hard_fraction: float = param(
         0.5, "Fraction of tasks from the hard family (a folder first, 2-3 calls)."
     )
-    demo_hard_fraction: float | None = _f(
+    demo_hard_fraction: float | None = param(
         0.05,
         "Fraction of hard tasks among the warm-start trajectories (None: hard_fraction). "
         "Small values leave the hard family mostly unlearned after the warm start.",
     )
     # --- reward conditioning
-    warm_start: str = _f(
+    warm_start: str = param(
         "rctp",
         "'sft': imitate the successful warm-start trajectories, no reward token; 'rctp': "
         "imitate all of them, each with its reward token in the prompt (RCTP).",
     )
-    warm_start_budget: str = _f(
+    warm_start_budget: str = param(
         "successes",
         "What the two warm starts have in common: 'successes' (the paper's convention: each step "
         "draws demonstrations until sft_batch_size of them succeed; SFT trains on those, RCTP on "
         "those and the failures drawn between them, so RCTP sees every success SFT sees) or "
         "'steps' (sft_batch_size trajectories a step for both: RCTP sees fewer successes).",
     )
-    conditioning: str = _f(
+    conditioning: str = param(
         "mixed",
         "Reward token of the RL rollouts: 'mixed' (RC-GRPO: drawn per rollout), 'high' (always "
         "high_token: GRPO on a reward-conditioned policy) or 'none' (plain GRPO).",
     )
-    token_assignment: str = _f(
+    token_assignment: str = param(
         "bernoulli",
         "How 'mixed' draws the tokens of a group: 'bernoulli' (each rollout high with "
         "probability p_high) or 'split' (round(p_high * G) high per group). The paper's choice "
         "is unknown.",
     )
-    p_high: float = _f(0.5, "Probability (or share) of high_token in a group, in (0, 1).")
-    high_token: str = _f("<|high_reward|>", "The special token that asks for a successful episode.")
-    low_token: str = _f("<|low_reward|>", "The special token that asks for a failed episode.")
+    p_high: float = param(0.5, "Probability (or share) of high_token in a group, in (0, 1).")
+    high_token: str = param(
+        "<|high_reward|>", "The special token that asks for a successful episode."
+    )
+    low_token: str = param("<|low_reward|>", "The special token that asks for a failed episode.")
 
     def validate(self) -> None:
         super().validate()
@@ -161,9 +170,7 @@ ARMS: dict[str, dict] = {
     "RCTP -> RC-GRPO": dict(warm_start="rctp", conditioning="mixed"),
     "SFT -> RC-GRPO": dict(warm_start="sft", conditioning="mixed"),
     "RCTPstep -> GRPO": dict(warm_start="rctp", warm_start_budget="steps", conditioning="high"),
-    "RCTPstep -> RC-GRPO": dict(
-        warm_start="rctp", warm_start_budget="steps", conditioning="mixed"
-    ),
+    "RCTPstep -> RC-GRPO": dict(warm_start="rctp", warm_start_budget="steps", conditioning="mixed"),
     "RCTP -> RC-GRPO, KL": dict(warm_start="rctp", conditioning="mixed", beta=0.05),
 }
 

@@ -34,7 +34,7 @@ import torch
 from . import distributed as dist
 from . import jail, sandbox
 from .agent import AgentTrainer
-from .config import FULL_MODEL, AgentFields, ConfigError, CriticFields, _f, defaults
+from .config import FULL_MODEL, AgentFields, ConfigError, CriticFields, defaults, param
 from .envs import make_env
 from .losses import policy_loss
 from .rollout import Batch, build_segments_batch, sequence_logprobs
@@ -135,73 +135,79 @@ class ReToolConfig(AgentFields, CriticFields):
     }
 
     # --- defaults that differ from the agent fields' (quick profile: ~1 minute per run)
-    advantage_estimator: str = _f(
+    advantage_estimator: str = param(
         "grpo",
         "'grpo' (group-relative, as the verl ReTool recipe) or 'gae' (PPO with a critic, as the "
         "ReTool paper).",
     )
-    num_generations: int = _f(8, "Episodes per problem (the GRPO group).")
-    num_minibatches: int = _f(
+    num_generations: int = param(8, "Episodes per problem (the GRPO group).")
+    num_minibatches: int = param(
         2,
         "Minibatches per pass over the rollout batch (from the second, the ratio departs from 1).",
     )
-    max_turns: int = _f(
+    max_turns: int = param(
         3,
         "Segments of policy text per episode; a tool call ends a segment, so the tool budget "
         "is max_turns - 1 calls.",
     )
-    max_action_tokens: int = _f(10, "Maximum tokens of one segment of policy text.")
-    demo_error_rate: float = _f(
+    max_action_tokens: int = param(10, "Maximum tokens of one segment of policy text.")
+    demo_error_rate: float = param(
         0.15,
         "Fraction of the cold-start tool traces whose code miscopies a digit (a consistent but "
         "wrong trace).",
     )
-    demo_retry_rate: float = _f(
+    demo_retry_rate: float = param(
         0.0,
         "Fraction of the cold-start tool traces whose first snippet is a syntax error, followed "
         "by a correct retry (correct traces with a tool error: the GRPO-RoC demonstration).",
     )
     # --- the task and the tool
-    digits_a: int = _f(3, "Digits of the first factor.")
-    digits_b: int = _f(2, "Digits of the second factor.")
-    sft_tool_fraction: float = _f(
+    digits_a: int = param(3, "Digits of the first factor.")
+    digits_b: int = param(2, "Digits of the second factor.")
+    sft_tool_fraction: float = param(
         0.5, "Fraction of cold-start traces that use the tool (the rest answer directly)."
     )
-    mask_interpreter: bool = _f(
+    mask_interpreter: bool = param(
         True,
         "Interpreter feedback mask: no loss on interpreter tokens (ReTool). False is the "
         "ablation: they are trained as if the policy had written them.",
     )
-    max_output_tokens: int = _f(
+    max_output_tokens: int = param(
         8,
         "Interpreter output longer than this is cut and marked '...' (in tokens; in characters "
         "for the python-tool env).",
+        tokens=True,
     )
-    tool_error_rate: float = _f(
+    tool_error_rate: float = param(
         0.0, "Probability that a tool call fails without running (the GRPO-RoC demonstration)."
     )
-    tool_timeout_s: float = _f(1.0, "Sandbox: wall-clock limit per snippet, in seconds.")
-    tool_memory_mb: int = _f(256, "Sandbox: address-space limit per snippet, in MiB.")
-    tool_workers: int = _f(2, "Sandbox pool: snippets run concurrently.")
-    allow_uncontained_code: bool = _f(
+    tool_timeout_s: float = param(1.0, "Sandbox: wall-clock limit per snippet, in seconds.")
+    tool_memory_mb: int = param(256, "Sandbox: address-space limit per snippet, in MiB.")
+    tool_workers: int = param(
+        2,
+        "Sandbox pool: snippets run concurrently.",
+        high=1024,
+        why="each worker is a process (about 16 MiB)",
+    )
+    allow_uncontained_code: bool = param(
         False,
         "UNSAFE. Run the model's code even where bubblewrap cannot (namespaces and the audit hook "
         "only, which a snippet can switch off: it can then read and write your files, reach the "
         "network and kill processes). Off: such a machine refuses the run before any compute.",
     )
-    loss_denominator: str = _f(
+    loss_denominator: str = param(
         "all",
         "Token-mean denominator: 'all' (every trained token: with mask_interpreter off, the "
         "interpreter's too) or 'policy' (the policy's own tokens only: the unmasked ablation's "
         "control, whose interpreter tokens then add to the loss without diluting the weight of "
         "the policy's). With the mask on the two are the same. GRPO and token-mean only.",
     )
-    resample_on_correct: bool = _f(
+    resample_on_correct: bool = param(
         False,
         "GRPO-RoC: sample 2 * num_generations episodes per problem, keep num_generations "
         "(positives with the fewest tool errors, negatives at random as in the paper).",
     )
-    grad_share_every: int = _f(
+    grad_share_every: int = param(
         5,
         "Every this many RL steps, measure the share of the gradient norm that comes from "
         "interpreter tokens (0: never; costs two extra backward passes).",
@@ -242,6 +248,14 @@ class ReToolConfig(AgentFields, CriticFields):
         self._check_positions(
             "max_turns", tokens + (self.max_turns - 1) * (self.max_output_tokens + 3)
         )
+
+    def host_memory_needs(self) -> list[tuple[int, tuple[str, ...], str]]:
+        """The sandbox, in RAM whatever the device: a process of ~16 MiB per worker, and one
+        snippet's memory cap (a cap above the RAM is no cap at all)."""
+        return [
+            (self.tool_workers * (16 << 20), ("tool_workers",), "the sandbox workers"),
+            (self.tool_memory_mb << 20, ("tool_memory_mb",), "one snippet's memory cap"),
+        ]
 
     def check_environment(self) -> None:
         super().check_environment()
@@ -402,7 +416,9 @@ class ReToolTrainer(AgentTrainer):
         if self._pool is None:
             c = self.config
             self._pool = sandbox.Pool(
-                workers=c.tool_workers, timeout_s=c.tool_timeout_s, memory_mb=c.tool_memory_mb,
+                workers=c.tool_workers,
+                timeout_s=c.tool_timeout_s,
+                memory_mb=c.tool_memory_mb,
                 allow_uncontained=c.allow_uncontained_code,
             )
         return self._pool

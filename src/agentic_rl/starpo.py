@@ -29,13 +29,14 @@ import torch
 
 from . import filters
 from .agent import AgentTrainer
+from .bounds import COEF, ROUNDS
 from .config import (
     FULL_MODEL,
     AgentFields,
     CriticFields,
     FrozenLakeFields,
-    _f,
     defaults,
+    param,
 )
 from .envs import BanditEnv, FrozenLakeEnv, MultiActionEnv, SokobanEnv
 from .plotting import collapse_step  # re-exported: the chapter's indicator helper
@@ -77,78 +78,88 @@ class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
         "starpo-s": dict(rollout_filter="top_k", filter_value=0.25, beta=0.0, epsilon_high=0.28),
     }
 
-    preset: str = _f(
+    preset: str = param(
         "starpo",
         "'starpo' (no filter, KL k1 at 0.001, symmetric clip) or 'starpo-s' (keep the top "
         "quarter of groups by reward std, no KL, clip-higher 0.28). Fields you set override the "
         "preset: that is how the ablation removes one part at a time.",
     )
     # --- defaults that differ from the agent fields': RAGEN's settings, scaled down
-    env: str = _f("bandit", "Environment: 'bandit', 'frozenlake' or 'sokoban'.")
-    advantage_estimator: str = _f(
+    env: str = param("bandit", "Environment: 'bandit', 'frozenlake' or 'sokoban'.")
+    advantage_estimator: str = param(
         "grpo",
         "'grpo' (StarPO-GRPO, eqs. 5-6) or 'gae' (StarPO-PPO with a critic, RAGEN's default).",
     )
-    num_generations: int = _f(16, "N: trajectories per initial state (RAGEN: 16).")
-    prompts_per_step: int = _f(8, "P: initial states (episode seeds) per RL step (RAGEN: 8).")
-    mini_batch_size: int = _f(
+    num_generations: int = param(16, "N: trajectories per initial state (RAGEN: 16).")
+    prompts_per_step: int = param(8, "P: initial states (episode seeds) per RL step (RAGEN: 8).")
+    mini_batch_size: int = param(
         32,
         "Trajectories per gradient step (RAGEN's ppo_mini_batch_size 32): a batch of P * N rows "
         "takes ceil(rows / 32) steps, so a filter that keeps fewer rows takes fewer steps.",
     )
-    beta: float = _f(0.001, "KL coefficient (vanilla StarPO: 0.001 with k1; StarPO-S: 0).")
-    kl_estimator: str = _f("k1", "KL estimator in the loss (StarPO: 'k1', logp - ref_logp).")
-    entropy_coeff: float = _f(0.001, "Entropy bonus (RAGEN: 0.001).")
-    learning_rate: float = _f(1e-4, "Policy learning rate (AdamW).")
-    sft_steps: int = _f(200, "SFT steps on demonstrations before RL (0: skip).")
-    max_steps: int = _f(60, "RL steps (one rollout batch each).")
-    demo_error_rate: float = _f(
+    beta: float = param(0.001, "KL coefficient (vanilla StarPO: 0.001 with k1; StarPO-S: 0).")
+    kl_estimator: str = param("k1", "KL estimator in the loss (StarPO: 'k1', logp - ref_logp).")
+    entropy_coeff: float = param(0.001, "Entropy bonus (RAGEN: 0.001).")
+    learning_rate: float = param(1e-4, "Policy learning rate (AdamW).")
+    sft_steps: int = param(200, "SFT steps on demonstrations before RL (0: skip).")
+    max_steps: int = param(60, "RL steps (one rollout batch each).")
+    demo_error_rate: float = param(
         0.5,
         "Fraction of demonstration actions replaced by another action (a weak start leaves "
         "room for RL).",
     )
-    is_slippery: bool = _f(
+    is_slippery: bool = param(
         True, "FrozenLake: slippery ice (RAGEN: on; the intended move 1/3 of the time)."
     )
-    map_size: int = _f(
+    map_size: int = param(
         3,
         "FrozenLake: side of the random lakes (RAGEN: 4). 3 keeps a CPU run learnable: a policy "
         "that sees the lake after every action reaches the goal within 10 slippery actions at "
         "most 40 %% of the time on 3 x 3 lakes, 10 %% on 4 x 4 (less with several actions a turn).",
     )
-    max_turns: int = _f(5, "Turns per episode (RAGEN: 5).")
-    max_action_tokens: int = _f(
+    max_turns: int = param(5, "Turns per episode (RAGEN: 5).")
+    max_action_tokens: int = param(
         4, "Maximum tokens of one turn (actions, separators and the stop word)."
     )
     # --- the environment
-    max_actions_per_turn: int = _f(
-        2, "Actions one turn may name, joined by '||' (RAGEN: 5). 1: one action per turn."
+    max_actions_per_turn: int = param(
+        2,
+        "Actions one turn may name, joined by '||' (RAGEN: 5). 1: one action per turn.",
+        tokens=True,
     )
-    max_actions: int = _f(10, "Actions per episode (RAGEN: 10); the grid env's time limit.")
-    format_penalty: float = _f(
-        0.1, "Cost of a turn with an invalid action (RAGEN: 0.1); the episode goes on."
+    max_actions: int = param(
+        10, "Actions per episode (RAGEN: 10); the grid env's time limit.", tokens=True
     )
-    bandit_payoffs: str = _f(
+    format_penalty: float = param(
+        0.1,
+        "Cost of a turn with an invalid action (RAGEN: 0.1); the episode goes on.",
+        high=1e3,
+        why=COEF,
+    )
+    bandit_payoffs: str = param(
         "paper", "Bandit: the phoenix pays 0.15 ('paper', App. B.1) or 0.1 ('code')."
     )
-    room_size: int = _f(6, "Sokoban: side of the room, walls included (RAGEN: 6).")
+    room_size: int = param(6, "Sokoban: side of the room, walls included (RAGEN: 6).")
     # --- the filter stage
-    rollout_filter: str = _f(
+    rollout_filter: str = param(
         "none",
         "Which groups enter the update: 'none'; 'top_k' / 'top_p' (RAGEN's reward-std filter, "
         "filters.reward_std_filter); 'dynamic' (DAPO: drop groups whose rewards are all equal "
         "and sample more groups to refill the batch).",
     )
-    filter_value: float = _f(
+    filter_value: float = param(
         0.25, "top_k: fraction of groups kept (RAGEN: 0.25); top_p: share of the total std."
     )
-    filter_include_zero: bool = _f(
+    filter_include_zero: bool = param(
         True, "Let the reward-std filter keep groups with zero std (RAGEN's original: yes)."
     )
-    max_sample_rounds: int = _f(
-        4, "Dynamic sampling: at most this many rollout rounds per step to refill the batch."
+    max_sample_rounds: int = param(
+        4,
+        "Dynamic sampling: at most this many rollout rounds per step to refill the batch.",
+        high=100,
+        why=ROUNDS,
     )
-    mask_observations: bool = _f(
+    mask_observations: bool = param(
         True,
         "No loss on the environment's tokens (the states after the first action; RAGEN's later "
         "code: enable_response_mask). False trains them as if the policy had written them, as "

@@ -53,6 +53,7 @@ def measure(trainer, arm: str, seed: int) -> dict:
     for key in STEP_KEYS:
         metrics[f"{key}_first10"] = statistics.mean(r[key] for r in h[:10])
         metrics[f"{key}_last10"] = statistics.mean(r[key] for r in h[-10:])
-    metrics["rollouts"] = sum(r["sample_rounds"] for r in h) * c.prompts_per_step * c.num_generations
+    rounds = sum(r["sample_rounds"] for r in h)
+    metrics["rollouts"] = rounds * c.prompts_per_step * c.num_generations
     metrics["skipped_steps"] = sum(r["skipped"] for r in h)
     return {"metrics": metrics, "curves": curves(h, CURVES)}
