@@ -63,6 +63,7 @@ __all__ = [
 #: The labs with a recorded experiment: name -> module of :mod:`agentic_rl.experiments`.
 EXPERIMENTS = {
     "agent_llm": "agentic_rl.experiments.agent_llm",
+    "dapo": "agentic_rl.experiments.dapo",
     "early_experience": "agentic_rl.experiments.early_experience",
     "gae": "agentic_rl.experiments.gae",
     "gcd": "agentic_rl.experiments.gcd",
