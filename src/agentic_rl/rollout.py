@@ -74,8 +74,11 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, rows: torch.Tensor) -> "Batch":
-        """The rows ``rows`` (an index tensor) of every per-row field: a minibatch."""
+    def select(self, rows: torch.Tensor | None) -> "Batch":
+        """The rows ``rows`` (an index tensor) of every per-row field: a minibatch (``None``: all
+        of them, this batch itself)."""
+        if rows is None:
+            return self
         idx = rows.tolist()
 
         def take(v):
@@ -87,6 +90,12 @@ class Batch:
 
         picked = {f.name: take(getattr(self, f.name)) for f in fields(self) if f.name != "extras"}
         return Batch(**picked, extras={k: take(v) for k, v in self.extras.items()})
+
+    @staticmethod
+    def take(values: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+        """The rows ``rows`` of a per-row tensor beside a batch (advantages), as :meth:`select`
+        takes them (``None``: all, the tensor itself)."""
+        return values if rows is None else values[rows]
 
     @staticmethod
     def cat(batches: list["Batch"], pad_token_id: int) -> "Batch":

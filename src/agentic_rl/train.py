@@ -443,8 +443,7 @@ class Trainer:
         advantages = self.compute_advantages(batch)
         keep = self.filter_rows(batch)  # the filter stage (StarPO-S, dynamic sampling)
         rows = keep.nonzero().flatten() if keep is not None else None
-        update = batch.select(rows) if rows is not None else batch
-        update_adv = advantages[rows] if rows is not None else advantages
+        update, update_adv = batch.select(rows), Batch.take(advantages, rows)  # the kept rows
         self.model.train()
         log = _UpdateLog(self.extra_metrics)
         log.skipped = 0 if self._any_rows(update) else 1  # the filter kept nothing: no update
@@ -455,8 +454,7 @@ class Trainer:
                     dist.rank_share(None, c.agg_mode)
                     log.add(None, {}, *self.optimizer_step(None))
                     continue
-                mb = update if part is None else update.select(part)
-                mb_adv = update_adv if part is None else update_adv[part]
+                mb, mb_adv = update.select(part), Batch.take(update_adv, part)
                 with self.mixed_precision():
                     loss, metrics = self.compute_loss(mb, mb_adv)
                 loss = loss * dist.rank_share(mb.loss_mask, c.agg_mode)  # 1 in one process

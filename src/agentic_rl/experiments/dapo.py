@@ -10,6 +10,8 @@ arms at equal gradient steps, and counts the rollouts each one generated (``roll
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import statistics
 
 from ..dapo import DAPOConfig, DAPOTrainer
@@ -22,7 +24,7 @@ ARMS = {
     "DAPO, no dynamic sampling": dict(dynamic_sampling=False),
 }
 SEEDS = 8
-REPLICATE = ("GRPO", "DAPO")
+REPLICATE = ("DAPO",)  # (the GRPO arm is the GRPO lab's own run: the same numbers)
 CHECKED = ("before_sampled_accuracy", "after_sampled_accuracy", "entropy_last10",
            "completion_length_last10")
 FLOORS: dict[str, float] = {"completion_length_last10": 0.05}
@@ -43,6 +45,21 @@ def train(seed: int, arms=tuple(ARMS), *, profile="quick", device="cpu", **overr
     """The requested arms of one seed from one warm start: trainers by arm."""
     start = warm_start(seed, profile=profile, device=device, **overrides)
     return {arm: lab_arms.train_arm(start, **ARMS[arm]) for arm in arms}
+
+
+def train_from(start, arm: str) -> DAPOTrainer:
+    """An arm trained from another trainer's warm start of the same seed and profile: the GRPO
+    lab's, whose SFT reads none of DAPO's fields, so that its weights and task stream are those
+    of :func:`warm_start` (the record's GRPO arm equals the GRPO record's G = 8 on every seed)."""
+    c = start.config
+    config = DAPOConfig.from_profile(c.profile, seed=c.seed, disable_tqdm=True, device=c.device)
+    config = dataclasses.replace(config, sft_steps=0, **ARMS[arm])
+    trainer = DAPOTrainer(config, model=copy.deepcopy(start.model), tokenizer=start.tokenizer)
+    trainer.sft_history = list(start.sft_history)
+    trainer.problem_rng.setstate(start.rl_tasks)  # the RL tasks follow the warm start's
+    trainer.evals["before"] = start.evals["before"]
+    trainer.train()
+    return trainer
 
 
 def measure(trainer, arm: str, seed: int) -> dict:
