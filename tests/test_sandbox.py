@@ -25,6 +25,7 @@ import time
 from dataclasses import replace
 
 import pytest
+from testkit import BWRAP, jail_is_expected
 
 from agentic_rl import sandbox
 from agentic_rl.sandbox import Pool, Result
@@ -557,7 +558,6 @@ def test_network_namespace_alone_has_no_network(unhooked):
 # audit hook included); the second takes the hook out and execs a fresh interpreter with ctypes,
 # an attacker who already got past every Python-level guard: only the kernel's layers remain.
 
-BWRAP = shutil.which("bwrap")
 needs_bwrap = pytest.mark.skipif(
     BWRAP is None, reason="bubblewrap (bwrap) is not installed: no mount namespace, no seccomp filter"
 )
@@ -586,18 +586,6 @@ for i in range(8):
     p[at + i] = b'\\0'
 os.system('head -c 32 /etc/passwd; touch PROBE/x')
 """
-
-
-def jail_is_expected() -> bool:
-    """Whether bubblewrap can make namespaces here (it cannot in some containers): then the
-    sandbox must use it."""
-    if BWRAP is None:
-        return False
-    for extra in ([], ["--unshare-user"]):
-        command = [BWRAP, *extra, "--unshare-net", "--ro-bind", "/", "/", "true"]
-        if subprocess.run(command, capture_output=True, check=False).returncode == 0:
-            return True
-    return False
 
 
 JAIL_EXPECTED = jail_is_expected()

@@ -13,28 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import pathlib
-import shutil
-import subprocess
 import sys
 
 import pytest
+from testkit import jail_is_expected
 
 from agentic_rl import jail, sandbox
-
-BWRAP = shutil.which("bwrap")
-
-
-def jail_is_expected() -> bool:
-    """Whether bubblewrap can make namespaces here: then the sandbox must use it (as in
-    tests/test_sandbox.py)."""
-    if BWRAP is None:
-        return False
-    for extra in ([], ["--unshare-user"]):
-        command = [BWRAP, *extra, "--unshare-net", "--ro-bind", "/", "/", "true"]
-        if subprocess.run(command, capture_output=True, check=False).returncode == 0:
-            return True
-    return False
-
 
 JAIL_EXPECTED = jail_is_expected()
 needs_jail = pytest.mark.skipif(not JAIL_EXPECTED, reason="no bubblewrap jail here")

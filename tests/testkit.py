@@ -6,6 +6,9 @@
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import torch
 
 #: The tiny Llama every unit test uses (about 20k parameters).
@@ -28,3 +31,19 @@ def fake_generate(tokenizer, completions, width=None):
         return torch.cat([input_ids, torch.tensor(rows, dtype=input_ids.dtype)], dim=1)
 
     return generate
+
+
+#: bubblewrap, where it is installed.
+BWRAP = shutil.which("bwrap")
+
+
+def jail_is_expected() -> bool:
+    """Whether bubblewrap can make namespaces here (it cannot in some containers): then the
+    sandbox must use it."""
+    if BWRAP is None:
+        return False
+    for extra in ([], ["--unshare-user"]):
+        command = [BWRAP, *extra, "--unshare-net", "--ro-bind", "/", "/", "true"]
+        if subprocess.run(command, capture_output=True, check=False).returncode == 0:
+            return True
+    return False
