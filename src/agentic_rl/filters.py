@@ -107,8 +107,8 @@ def dynamic_sampling(
     ``max_rounds`` times and keep the groups whose ``signal(batch)`` (default: the rewards) is
     not all equal (:func:`nonzero_std_filter`) until ``groups`` groups of ``group_size`` rows are
     kept; return the first ``groups`` of them as one batch, and the number of rounds played.
-    Where no round had a group with spread, one more batch as played (the filter stage then finds
-    nothing to keep, and the step skips)."""
+    Where no round had a group with spread, one more batch is played and returned whole (the
+    filter stage then keeps what spread it has, or the step skips); it counts as a round."""
     from .rollout import Batch
 
     signal = signal or (lambda batch: batch.scores)
@@ -122,7 +122,7 @@ def dynamic_sampling(
             b.group_id = b.group_id + 10_000 * rounds  # groups of different rounds stay apart
             kept.append(b)
     if not kept:
-        return play(), rounds
+        return play(), rounds + 1
     batch = Batch.cat(kept, pad_token_id)
     first = torch.unique(batch.group_id)[:groups]
     return batch.select(torch.isin(batch.group_id, first).nonzero().flatten()), rounds
