@@ -294,4 +294,3 @@ def test_memory_limit_is_the_smallest_of_ram_rlimit_and_cgroup(tmp_path, monkeyp
     assert bounds.memory_limit() == min((ram, "memory"), smallest)
     monkeypatch.setattr(resource, "getrlimit", lambda kind: (1 << 30, resource.RLIM_INFINITY))
     assert bounds.memory_limit() == (1 << 30, "memory under the address-space limit (ulimit -v)")
-    assert bounds.physical_memory() == 1 << 30  # the old name: the same number

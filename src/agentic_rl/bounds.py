@@ -64,26 +64,27 @@ ROUNDS = (
 )
 
 
-def limits(config_cls) -> dict[str, tuple[float | None, float | None, str]]:
-    """field -> ``(smallest, largest, why)``: the ranges the config's fields declare
-    (``param(..., low=, high=, why=)``); a field a recipe declares again keeps its base's range."""
+def _declared(config_cls, key: str) -> dict:
+    """field -> its ``key`` metadata (``bounds``, ``tokens``), from the class that declared it
+    last with one: a field a recipe declares again keeps its base's."""
     out = {}
     for cls in reversed(config_cls.__mro__):
         for f in getattr(cls, "__dataclass_fields__", {}).values():
-            if "bounds" in f.metadata:
-                out[f.name] = f.metadata["bounds"]
+            if key in f.metadata:
+                out[f.name] = f.metadata[key]
     return out
+
+
+def limits(config_cls) -> dict[str, tuple[float | None, float | None, str]]:
+    """field -> ``(smallest, largest, why)``: the ranges the config's fields declare
+    (``param(..., low=, high=, why=)``)."""
+    return _declared(config_cls, "bounds")
 
 
 def token_fields(config_cls) -> list[str]:
     """The fields counted in tokens or turns (``param(..., tokens=True)``): each one at most
     :data:`CONTEXT_BUDGET`."""
-    names = []
-    for cls in reversed(config_cls.__mro__):
-        for f in getattr(cls, "__dataclass_fields__", {}).values():
-            if f.metadata.get("tokens") and f.name not in names:
-                names.append(f.name)
-    return names
+    return list(_declared(config_cls, "tokens"))
 
 
 def check_bounds(config) -> None:
@@ -138,12 +139,6 @@ def lake_problem(config) -> str | None:
         f"the map generator draws until one does (it would hang); use p_frozen >= {_PERCOLATING} "
         f"or a smaller map (needs p_frozen ** (2 * map_size - 3) >= 1e-3)"
     )
-
-
-def physical_memory() -> int:
-    """Bytes of memory this process may use (0 when unknown): the smallest of the RAM, the
-    address-space limit and the cgroup's limit (:func:`memory_limit`)."""
-    return memory_limit()[0]
 
 
 #: A limit at or above this many bytes (an exbibyte) means "unlimited": cgroup v1 writes

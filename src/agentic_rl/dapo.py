@@ -126,7 +126,8 @@ class DAPOTrainer(GRPOTrainer):
     def rollout(self) -> Batch:
         """``prompts_per_step`` groups, refilled with groups whose answers differ (dynamic
         sampling), then the overlong penalty on each completion's reward (eq. dapo-overlong)."""
-        c, self.sample_rounds = self.config, 1
+        c = self.config
+        self.sample_rounds = 1
         if c.dynamic_sampling:
             batch, self.sample_rounds = filters.dynamic_sampling(
                 super().rollout, groups=c.prompts_per_step, group_size=c.num_generations,
@@ -136,11 +137,13 @@ class DAPOTrainer(GRPOTrainer):
         else:
             batch = super().rollout()
         lengths = batch.loss_mask.sum(1)  # generated tokens, EOS included
-        penalty = overlong_penalty(lengths, c.max_completion_length, c.overlong_buffer)
+        penalty = c.overlong_penalty_factor * overlong_penalty(
+            lengths, c.max_completion_length, c.overlong_buffer
+        )
         last = batch.loss_mask.shape[1] - 1 - batch.loss_mask.flip(1).argmax(1)
         rows = torch.arange(len(batch), device=lengths.device)
-        batch.token_rewards[rows, last] += c.overlong_penalty_factor * penalty  # R + R_length
-        batch.extras["overlong_penalty"] = c.overlong_penalty_factor * penalty
+        batch.token_rewards[rows, last] += penalty  # R + R_length, where R sits
+        batch.extras["overlong_penalty"] = penalty
         if c.mask_truncated:  # overlong filtering: truncated completions leave the loss
             batch.loss_mask = batch.loss_mask * ~batch.extras["truncated"].unsqueeze(1)
         return batch

@@ -52,7 +52,7 @@ from .errors import IsolationError
 __all__ = [
     "ALLOW_UNCONTAINED", "DISK_MB", "Launcher", "boundary_problem", "candidates", "interpreter",
     "launcher", "require_boundary", "seccomp_program", "works",
-]
+]  # fmt: skip
 
 #: The environment variable that, set to ``1``, lets model-written code run without bubblewrap.
 ALLOW_UNCONTAINED = "AGENTIC_RL_ALLOW_UNCONTAINED_CODE"
@@ -244,10 +244,11 @@ def _layers(kind: str, userns: bool) -> tuple[str, ...]:
     return (*layers, "empty network namespace", *(["user namespace"] if userns else []))
 
 
-def boundary_problem() -> str | None:
-    """Why model-written code cannot run inside bubblewrap here, in one line; None: it can."""
+def boundary_problem(allow_uncontained: bool = False) -> str | None:
+    """Why model-written code may not run here, in one line; None: it runs inside bubblewrap, or
+    the caller or the environment (``ALLOW_UNCONTAINED=1``) opts in to weaker isolation."""
     found = launcher()
-    if found.kind == "bubblewrap":
+    if found.kind == "bubblewrap" or allow_uncontained or os.environ.get(ALLOW_UNCONTAINED) == "1":
         return None
     if shutil.which("bwrap") is None:
         why = "bubblewrap is not installed (Debian, Ubuntu: apt-get install bubblewrap)"
@@ -268,11 +269,11 @@ def require_boundary(allow_uncontained: bool = False) -> Launcher:
     """The launcher for model-written code: bubblewrap, or :class:`IsolationError` (one line
     naming what is missing and how to install it) unless the caller or the environment
     (``ALLOW_UNCONTAINED=1``) opts in to weaker isolation, which is then said in a warning."""
-    problem = boundary_problem()
-    if problem is None:
-        return launcher()
-    if not (allow_uncontained or os.environ.get(ALLOW_UNCONTAINED) == "1"):
+    problem = boundary_problem(allow_uncontained)
+    if problem is not None:
         raise IsolationError(problem)
+    if launcher().kind == "bubblewrap":
+        return launcher()
     warnings.warn(
         f"UNCONTAINED: model-written code runs without bubblewrap ({launcher().kind} and the "
         "audit hook only); a snippet that switches off the hook reaches your files and network",

@@ -25,7 +25,6 @@ and the interpreter's tokens are the template's tool turn.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -259,10 +258,9 @@ class ReToolConfig(AgentFields, CriticFields):
 
     def check_environment(self) -> None:
         super().check_environment()
-        problem = jail.boundary_problem()  # the model's code runs only inside bubblewrap ...
-        if problem and not self.allow_uncontained_code:  # ... unless the user opts out, by name
-            if os.environ.get(jail.ALLOW_UNCONTAINED) != "1":
-                self._bad("allow_uncontained_code", problem)
+        problem = jail.boundary_problem(self.allow_uncontained_code)  # the model's code runs
+        if problem:  # only inside bubblewrap, unless the user opts out, by name
+            self._bad("allow_uncontained_code", problem)
 
     def _check_denominator(self) -> None:
         if self.loss_denominator not in ("all", "policy"):
