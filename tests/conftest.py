@@ -1,11 +1,13 @@
-"""Shared fixtures: offline Hugging Face, one torch thread, a tiny tokenizer/model for the addition task.
+"""Shared fixtures: offline Hugging Face, one torch thread, a tiny tokenizer/model for the
+addition task.
 
-The environment variables are set before anything imports ``transformers`` or ``huggingface_hub`` (pytest
-imports this file first), so no test can reach the network.
+The environment variables are set before anything imports ``transformers`` or
+``huggingface_hub`` (pytest imports this file first), so no test can reach the network.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 os.environ["HF_HUB_OFFLINE"] = "1"
@@ -18,7 +20,7 @@ import torch  # noqa: E402
 
 torch.set_num_threads(1)
 
-from testkit import TINY_MODEL, fake_generate  # noqa: E402,F401  (shared with the test files)
+from testkit import tiny, tiny_model  # noqa: E402
 
 from agentic_rl import jail  # noqa: E402
 
@@ -53,39 +55,14 @@ def tokenizer(task):
 @pytest.fixture
 def model(tokenizer):
     """A fresh tiny model per test (tests may wrap it with LoRA or replace ``generate``)."""
-    from agentic_rl.models import build_model
-
-    return build_model(tokenizer, seed=0, **TINY_MODEL)
+    return tiny_model(tokenizer)
 
 
 @pytest.fixture
 def tiny_config():
-    """Factory for a fast GRPOConfig: tiny model, tiny eval, no progress bars; keyword overrides win."""
-    from agentic_rl.grpo import GRPOConfig
-
-    def make(**overrides):
-        base = dict(
-            digits=1,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=64,
-            sft_steps=0,
-            sft_batch_size=16,
-            max_steps=2,
-            prompts_per_step=4,
-            num_generations=4,
-            max_completion_length=4,
-            eval_size=8,
-            eval_samples=1,
-            device="cpu",
-            disable_tqdm=True,
-        )
-        base.update(overrides)
-        return GRPOConfig(**base)
-
-    return make
+    """Factory for a fast GRPOConfig (``testkit.tiny("grpo", ...)``): tiny model, tiny eval, no
+    progress bars; keyword overrides win."""
+    return functools.partial(tiny, "grpo")
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,7 @@ def t(values, dtype=F64):
     return torch.tensor(values, dtype=dtype)
 
 
-# --------------------------------------------------------------------------- group_advantages (GRPO)
+# ------------------------------------------------------------------------ group_advantages (GRPO)
 
 
 def test_group_scale_uses_unbiased_std():
@@ -172,7 +172,7 @@ def test_gae_hand_computed_with_masked_observation_column():
     # delta1 = 0 + .9*.7 - .6 = .03             A1 = .03 + .72*.3   = .246
     # delta0 = 0 + .9*.6 - .5 = .04             A0 = .04 + .72*.246 = .21712
     # returns = A + V = [.71712, .846, 1.0]
-    # column 1 is a masked observation with junk reward/value: skipped entirely, A = return = 0 there.
+    # column 1, a masked observation with junk reward/value, is skipped: A = return = 0 there.
     rewards = t([[0.0, 5.0, 0.0, 1.0]])
     values = t([[0.5, 9.9, 0.6, 0.7]])
     mask = t([[1.0, 0.0, 1.0, 1.0]])
@@ -195,7 +195,7 @@ def test_gae_lam_zero_is_one_step_td_over_valid_tokens():
 
 def test_gae_lam_one_gamma_one_final_reward_is_return_minus_value():
     # lam = gamma = 1, only final reward R = 3: A_t = R - V_t on every valid token
-    # (telescoping sum of deltas). Prompt column 0, observation column 3 and padding column 6 masked.
+    # (telescoping sum of deltas). Masked: prompt column 0, observation column 3, padding column 6.
     R = 3.0
     rewards = t([[0.0, 0.0, 0.0, 0.0, 0.0, R, 0.0]])
     values = t([[8.0, 0.2, -0.4, 6.0, 1.1, 2.5, 7.0]])
@@ -270,8 +270,9 @@ def test_masked_whiten_unbiased_var_eps_under_sqrt_and_zero_on_mask():
 
 
 def test_explained_variance_uses_the_variance_of_the_residual():
-    # verl / Stable-Baselines3: 1 - Var(R - V) / Var(R). A critic right up to a constant offset explains
-    # all the variance (1.0); the mean-square form 1 - mean((R - V)^2) / Var(R) would give 1 - 4/1.25 < 0.
+    # verl / Stable-Baselines3: 1 - Var(R - V) / Var(R). A critic right up to a constant offset
+    # explains all the variance (1.0); the mean-square form 1 - mean((R - V)^2) / Var(R) would give
+    # 1 - 4/1.25 < 0.
     returns = torch.tensor([[1.0, 2.0, 3.0, 4.0, 99.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 0.0]])  # the last column is padding
     assert explained_variance(returns + 2.0, returns, mask) == pytest.approx(1.0)

@@ -1,7 +1,7 @@
-"""The multi-turn agent trainer (``agentic_rl.agent``): PPOConfig validation, whole-episode SFT batches, the
-critic's values and the truncation bootstrap, GAE that skips observation tokens, the clipped value loss, the
-GRPO estimator, bit-identical resume with the critic, a short PPO run that learns, the ``ppo`` CLI, and
-deterministic evaluation.
+"""The multi-turn agent trainer (``agentic_rl.agent``): PPOConfig validation, whole-episode SFT
+batches, the critic's values and the truncation bootstrap, GAE that skips observation tokens, the
+clipped value loss, the GRPO estimator, bit-identical resume with the critic, a short PPO run that
+learns, the ``ppo`` CLI, and deterministic evaluation.
 
 Everything runs on tiny models (hidden size 32) on FrozenLake 3x3 or 4x4, one CPU thread.
 """
@@ -28,19 +28,9 @@ from agentic_rl.envs import make_env
 from agentic_rl.envs.frozenlake import ACTION_CLOSE, ACTION_OPEN, ACTIONS
 from agentic_rl.grpo import GRPOTrainer
 
+from testkit import tiny
+
 TIMING = {"tokens_per_s", "step_time"}
-
-#: A tiny PPO run: 1-layer model, 3x3 lakes, small batches, no progress bars.
-BASE = dict(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-    sft_steps=0, sft_batch_size=16, max_steps=2, prompts_per_step=8, eval_size=8, eval_samples=1, map_size=3,
-    device="cpu", disable_tqdm=True,
-)
-
-
-def _config(**overrides) -> PPOConfig:
-    return PPOConfig(**{**BASE, **overrides})
-
 
 def _state(module):
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -56,9 +46,10 @@ def _no_timing(rows):
 
 @pytest.fixture(scope="module")
 def sft_policy():
-    """A policy after 60 SFT steps on 3x3 demonstrations: it mostly writes well-formed actions (sampled format
-    rate ~0.7, success ~0.2), so rollouts mix successes, holes, malformed actions and multi-turn episodes."""
-    trainer = AgentTrainer(_config(sft_steps=60, sft_learning_rate=3e-3, seed=0))
+    """A policy after 60 SFT steps on 3x3 demonstrations: it mostly writes well-formed actions
+    (sampled format rate ~0.7, success ~0.2), so rollouts mix successes, holes, malformed actions
+    and multi-turn episodes."""
+    trainer = AgentTrainer(tiny("ppo", sft_steps=60, sft_learning_rate=3e-3, seed=0))
     trainer.sft()
     assert trainer.phase == "rl"
     return trainer.model, trainer.tokenizer
@@ -70,13 +61,15 @@ def make_trainer(sft_policy):
     model, tokenizer = sft_policy
 
     def make(**overrides) -> AgentTrainer:
-        return AgentTrainer(_config(**overrides), model=copy.deepcopy(model), tokenizer=tokenizer)
+        return AgentTrainer(tiny("ppo", **overrides), model=copy.deepcopy(model),
+                            tokenizer=tokenizer)
 
     return make
 
 
 def _rollout(trainer: AgentTrainer, *, torch_seed: int = 0, problem_seed: int = 0):
-    """``trainer.rollout()`` with fixed sampling and episode seeds; also returns the episode seeds drawn."""
+    """``trainer.rollout()`` with fixed sampling and episode seeds; also returns the episode seeds
+    drawn."""
     trainer.problem_rng = random.Random(problem_seed)
     probe = random.Random(problem_seed)
     seeds = [probe.randrange(10**6) for _ in range(trainer.config.prompts_per_step)]
@@ -92,7 +85,8 @@ def _randomise_head(critic: ValueModel, seed: int = 0, std: float = 0.5):
 
 
 def _has_gap(row_mask: torch.Tensor) -> bool:
-    """True when a row has an unmasked token between two masked (generated) tokens: a skipped observation."""
+    """True when a row has an unmasked token between two masked (generated) tokens: a skipped
+    observation."""
     idx = row_mask.nonzero().squeeze(1)
     return len(idx) > 1 and bool((idx[1:] - idx[:-1] > 1).any())
 
@@ -128,7 +122,8 @@ def test_ppo_config_validation_names_the_field(overrides, field):
 
 def test_ppo_config_valid_edges():
     c = PPOConfig(gamma=0.0, lam=1.0, demo_error_rate=1.0, cliprange_value=None, num_generations=1)
-    assert (c.gamma, c.lam, c.advantage_estimator) == (0.0, 1.0, "gae")  # PPO with one episode per seed is fine
+    # PPO with one episode per seed is fine
+    assert (c.gamma, c.lam, c.advantage_estimator) == (0.0, 1.0, "gae")
     assert PPOConfig(advantage_estimator="grpo", num_generations=2).num_generations == 2
 
 
@@ -138,8 +133,11 @@ def test_ppo_profiles():
     assert full.profile == "full"
     for name, value in PPOConfig.PROFILES["full"].items():
         assert getattr(full, name) == value
-    assert (full.map_size, full.max_turns, full.hidden_size, full.num_hidden_layers, full.intermediate_size) == (6, 14, 256, 6, 1024)
-    assert (full.prompts_per_step, full.eval_size, full.sft_steps, full.max_steps) == (128, 512, 2000, 300)
+    assert (full.map_size, full.max_turns) == (6, 14)
+    assert (full.hidden_size, full.num_hidden_layers, full.intermediate_size) == (256, 6, 1024)
+    assert (full.prompts_per_step, full.eval_size, full.sft_steps, full.max_steps) == (
+        128, 512, 2000, 300,
+    )  # fmt: skip
     mine = PPOConfig.from_profile("full", map_size=5, gamma=0.9)
     assert (mine.map_size, mine.gamma, mine.hidden_size) == (5, 0.9, 256)
     with pytest.raises(ValueError, match=r"profile.*'nope'"):
@@ -152,7 +150,8 @@ def test_ppo_profiles():
 
 
 def test_sft_batch_masks_exactly_the_actions():
-    trainer = AgentTrainer(_config(sft_steps=5, sft_batch_size=8, demo_error_rate=0.5, map_size=4))
+    trainer = AgentTrainer(tiny("ppo", sft_steps=5, sft_batch_size=8, demo_error_rate=0.5,
+                                map_size=4))
     tok = trainer.tokenizer
     # replay the trainer's draws to know the demonstrations it will use
     rng = random.Random()
@@ -180,10 +179,11 @@ def test_sft_batch_masks_exactly_the_actions():
         assert context.count(ACTION_OPEN) == len(episode)
         # the whole row is bos + obs_0 a_0 </action> obs_1 ...
         text = " ".join(tok.convert_ids_to_tokens(ids[real].tolist()))
-        assert text == tok.bos_token + " " + " ".join(f"{obs} {a} {ACTION_CLOSE}" for obs, a in episode)
+        turns = " ".join(f"{obs} {a} {ACTION_CLOSE}" for obs, a in episode)
+        assert text == tok.bos_token + " " + turns
 
 
-# --------------------------------------------------------------------------- 3. critic values on the rollout
+# ------------------------------------------------------------------ 3. critic values on the rollout
 
 
 def test_rollout_attaches_critic_values_and_fresh_critic_gives_returns(make_trainer):
@@ -210,7 +210,7 @@ def test_rollout_attaches_critic_values_and_fresh_critic_gives_returns(make_trai
     assert (batch2.values[:, 1:][batch2.attention_mask[:, 1:].bool()] != 0).all()
 
 
-# --------------------------------------------------------------------------- 4. GAE skips observations
+# ------------------------------------------------------------------------ 4. GAE skips observations
 
 
 def _reference_gae(rewards, values, mask, gamma, lam):
@@ -237,15 +237,18 @@ def test_gae_in_trainer_skips_observation_tokens(make_trainer):
     mask = batch.loss_mask.bool()
     assert any(_has_gap(batch.loss_mask[i]) for i in range(len(batch))), "want multi-turn rows"
     g = torch.Generator().manual_seed(3)
-    batch.values = torch.randn(batch.values.shape, generator=g)  # everywhere, observation tokens included
+    # everywhere, observation tokens included
+    batch.values = torch.randn(batch.values.shape, generator=g)
     # random rewards on generated tokens too (the rollout's are mostly 0)
-    batch.token_rewards = torch.where(mask, torch.randn(batch.values.shape, generator=g), torch.zeros_like(batch.values))
+    batch.token_rewards = torch.where(mask, torch.randn(batch.values.shape, generator=g),
+                                      torch.zeros_like(batch.values))
 
     adv = trainer.compute_advantages(batch)
     ref = _reference_gae(batch.token_rewards, batch.values, mask, 0.9, 0.8)
     torch.testing.assert_close(adv.double(), ref, atol=1e-5, rtol=1e-5)
     returns = batch.extras["returns"]
-    torch.testing.assert_close(returns.double(), (ref + batch.values.double()) * mask, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(returns.double(), (ref + batch.values.double()) * mask, atol=1e-5,
+                               rtol=1e-5)
     assert (adv[~mask] == 0).all() and (returns[~mask] == 0).all()
 
 
@@ -256,8 +259,8 @@ def test_value_loss_clipping_gradients_and_policy_part(make_trainer):
     trainer = make_trainer(cliprange_value=None, vf_coef=0.5, prompts_per_step=8)
     _randomise_head(trainer.critic, seed=1)
     batch, _ = _rollout(trainer, problem_seed=2)
-    # rollout-time values far from the critic's current ones (as after a few critic updates), so that
-    # value clipping has something to clip, and returns on both sides of them
+    # rollout-time values far from the critic's current ones (as after a few critic updates), so
+    # that value clipping has something to clip, and returns on both sides of them
     batch.values = torch.randn(batch.values.shape, generator=torch.Generator().manual_seed(2))
     adv = trainer.compute_advantages(batch)
     mask = batch.loss_mask.float()
@@ -273,7 +276,8 @@ def test_value_loss_clipping_gradients_and_policy_part(make_trainer):
 
     # total = the GRPO policy loss (same clipped surrogate) + vf_coef * value loss
     pg_loss, pg_metrics = GRPOTrainer.compute_loss(trainer, batch, adv)
-    torch.testing.assert_close(loss.detach(), pg_loss.detach() + 0.5 * expected_unclipped, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(loss.detach(), pg_loss.detach() + 0.5 * expected_unclipped,
+                               atol=1e-6, rtol=1e-5)
     assert pg_metrics["clip_ratio"] == m["clip_ratio"] and pg_metrics["entropy"] == m["entropy"]
 
     # the critic gets gradients from the loss; it shares no parameter with the policy
@@ -282,7 +286,8 @@ def test_value_loss_clipping_gradients_and_policy_part(make_trainer):
     loss.backward()
     critic_params = list(trainer.critic.parameters())
     assert all(p.grad is not None for p in critic_params)
-    assert trainer.critic.head.weight.grad.abs().sum() > 0 and trainer.critic.head.bias.grad.abs() > 0
+    head = trainer.critic.head
+    assert head.weight.grad.abs().sum() > 0 and head.bias.grad.abs() > 0
     assert sum(p.grad.abs().sum() for p in trainer.critic.backbone.parameters()) > 0
     policy_ptrs = {p.data_ptr() for p in trainer.model.parameters()}
     assert not policy_ptrs & {p.data_ptr() for p in critic_params}
@@ -306,7 +311,8 @@ def test_value_loss_clipping_gradients_and_policy_part(make_trainer):
 
 def test_grpo_estimator_has_no_critic_and_uses_group_advantages(sft_policy):
     model, tokenizer = sft_policy
-    config = _config(advantage_estimator="grpo", num_generations=4, prompts_per_step=6, sft_steps=3, max_steps=1)
+    config = tiny("ppo", advantage_estimator="grpo", num_generations=4, prompts_per_step=6,
+                  sft_steps=3, max_steps=1)
     trainer = AgentTrainer(config, model=copy.deepcopy(model), tokenizer=tokenizer)
     trainer.sft()
     assert trainer.phase == "rl" and trainer.critic is None
@@ -331,20 +337,23 @@ def test_grpo_estimator_has_no_critic_and_uses_group_advantages(sft_policy):
     assert "value_loss" not in row and "explained_variance" not in row and "success_rate" in row
 
 
-# --------------------------------------------------------------------------- 7. truncation bootstrap
+# -------------------------------------------------------------------------- 7. truncation bootstrap
 
 
 def test_truncated_episodes_bootstrap_from_the_critic(make_trainer):
     # 3x3 lakes, 2 turns: the goal (4 moves away) is out of reach, so an episode either terminates
     # (hole, malformed action) or is truncated after 2 turns.
-    trainer = make_trainer(map_size=3, max_turns=2, gamma=0.9, bootstrap_truncated=True, prompts_per_step=16)
+    trainer = make_trainer(map_size=3, max_turns=2, gamma=0.9, bootstrap_truncated=True,
+                           prompts_per_step=16)
     _randomise_head(trainer.critic, seed=5)
     on, seeds = _rollout(trainer, problem_seed=5)
     trainer.config.bootstrap_truncated = False
     off, seeds_off = _rollout(trainer, problem_seed=5)
     assert seeds == seeds_off and torch.equal(on.input_ids, off.input_ids)  # the same episodes
-    # the bootstrap is kept apart from the env's rewards (which stay what gets logged); GAE sees their sum
-    assert "bootstrap_rewards" not in off.extras and torch.equal(on.token_rewards, off.token_rewards)
+    # the bootstrap is kept apart from the env's rewards (which stay what gets logged); GAE sees
+    # their sum
+    assert "bootstrap_rewards" not in off.extras
+    assert torch.equal(on.token_rewards, off.token_rewards)
     on_rewards = on.token_rewards + on.extras["bootstrap_rewards"]
 
     truncated = on.extras["truncated"]
@@ -361,7 +370,8 @@ def test_truncated_episodes_bootstrap_from_the_critic(make_trainer):
         assert env_reward == pytest.approx(on.extras["turn_rewards"][i][-1])
         diff = on_rewards[i] - off.token_rewards[i]
         if truncated[i]:
-            # the final observation follows the last action, with loss_mask 0, and is the env's observation
+            # the final observation follows the last action, with loss_mask 0, and is the env's
+            # observation
             tail = on.input_ids[i, last + 1 : n]
             assert len(tail) > 0 and (on.loss_mask[i, last + 1 : n] == 0).all()
             env = make_env("frozenlake", size=3, max_turns=2)
@@ -370,18 +380,22 @@ def test_truncated_episodes_bootstrap_from_the_critic(make_trainer):
                 obs, _, done, info = env.step(action)
             assert done and info["truncated"]
             assert tok.decode(tail.tolist()) == obs and obs.endswith(ACTION_OPEN)
-            # V(s_T) from the critic on the row's real tokens alone: the head on the last token's state
+            # V(s_T) from the critic on the row's real tokens alone: the head on the last token's
+            # state
             with torch.no_grad():
                 ids = on.input_ids[i, :n][None]
-                hidden = critic.backbone(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
+                out = critic.backbone(input_ids=ids, attention_mask=torch.ones_like(ids))
+                hidden = out.last_hidden_state
                 v_final = critic.head(hidden[0, -1]).item()
             assert v_final != 0
             assert on_rewards[i, last].item() == pytest.approx(env_reward + 0.9 * v_final, abs=1e-5)
             assert (diff[torch.arange(len(diff)) != last] == 0).all()
         else:
-            assert last == n - 1  # a terminated row ends with its last action: no observation after it
+            # a terminated row ends with its last action: no observation after it
+            assert last == n - 1
             assert torch.equal(on_rewards[i], off.token_rewards[i])
-    # with bootstrap_truncated=False the rewards are the env's own: their sums are the episode returns
+    # with bootstrap_truncated=False the rewards are the env's own: their sums are the episode
+    # returns
     torch.testing.assert_close(off.token_rewards.sum(1), off.extras["episode_return"])
     assert not torch.equal(on_rewards, off.token_rewards)
 
@@ -407,17 +421,19 @@ def test_logged_reward_is_the_env_reward_with_bootstrap(make_trainer):
     assert row["reward_std"] == pytest.approx(ret.std().item(), abs=1e-6)
 
 
-# --------------------------------------------------------------------------- 8. checkpoint and resume
+# ------------------------------------------------------------------------- 8. checkpoint and resume
 
-RESUME = dict(sft_steps=20, sft_learning_rate=3e-3, max_steps=6, save_steps=2, learning_rate=1e-3, prompts_per_step=4, eval_size=8)
+RESUME = dict(sft_steps=20, sft_learning_rate=3e-3, max_steps=6, save_steps=2, learning_rate=1e-3,
+              prompts_per_step=4, eval_size=8)
 
 
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory):
     out = tmp_path_factory.mktemp("ppo_run_a")
-    trainer = AgentTrainer(_config(output_dir=str(out), **RESUME))
+    trainer = AgentTrainer(tiny("ppo", output_dir=str(out), **RESUME))
     summary = trainer.train()
-    return dict(dir=out, trainer=trainer, summary=summary, policy=_state(trainer.model), critic=_state(trainer.critic))
+    return dict(dir=out, trainer=trainer, summary=summary, policy=_state(trainer.model),
+                critic=_state(trainer.critic))
 
 
 def _nan_safe(rows):
@@ -430,7 +446,8 @@ def _nan_safe(rows):
 def test_crash_and_resume_is_bit_identical_with_the_critic(run_a, tmp_path):
     a = run_a["trainer"]
     assert len(a.history) == 6 and all(r["grad_norm"] > 0 for r in a.history)
-    assert all(k in a.history[0] for k in ("value_loss", "explained_variance", "vf_clip_ratio", "value_mean", "success_rate", "num_turns"))
+    assert all(k in a.history[0] for k in ("value_loss", "explained_variance", "vf_clip_ratio",
+                                           "value_mean", "success_rate", "num_turns"))
     assert any(r["value_loss"] > 0 for r in a.history)
     out = tmp_path / "run_b"
 
@@ -440,12 +457,12 @@ def test_crash_and_resume_is_bit_identical_with_the_critic(run_a, tmp_path):
                 raise RuntimeError("simulated crash")
             return super().rl_step()
 
-    crashing = CrashAtStep5(_config(output_dir=str(out), **RESUME))
+    crashing = CrashAtStep5(tiny("ppo", output_dir=str(out), **RESUME))
     with pytest.raises(RuntimeError, match="simulated crash"):
         crashing.train()
     assert (crashing.phase, crashing.step) == ("rl", 4)
 
-    resumed = AgentTrainer(_config(output_dir=str(out), **RESUME))
+    resumed = AgentTrainer(tiny("ppo", output_dir=str(out), **RESUME))
     summary = resumed.train()
     assert _nan_safe(_no_timing(resumed.history)) == _nan_safe(_no_timing(a.history))
     assert resumed.sft_history == a.sft_history and resumed.evals == a.evals
@@ -454,7 +471,7 @@ def test_crash_and_resume_is_bit_identical_with_the_critic(run_a, tmp_path):
     assert _same_weights(_state(resumed.model), run_a["policy"])
     assert _same_weights(_state(resumed.critic), run_a["critic"])
     # the critic moved during RL (else the last check would be empty of meaning)
-    fresh_critic = ValueModel.from_policy(AgentTrainer(_config(**RESUME)).model)
+    fresh_critic = ValueModel.from_policy(AgentTrainer(tiny("ppo", **RESUME)).model)
     assert not _same_weights(_state(fresh_critic), run_a["critic"])
     with open(out / "metrics.csv") as fh:
         rows = list(csv.DictReader(fh))
@@ -466,7 +483,7 @@ def test_resume_with_changed_gamma_raises(run_a, tmp_path):
     out = tmp_path / "copy"
     shutil.copytree(run_a["dir"], out)
     with pytest.raises(ValueError, match="gamma"):
-        AgentTrainer(_config(output_dir=str(out), **{**RESUME, "gamma": 0.9})).train()
+        AgentTrainer(tiny("ppo", output_dir=str(out), **{**RESUME, "gamma": 0.9})).train()
 
 
 # --------------------------------------------------------------------------- 9. it learns
@@ -475,17 +492,18 @@ def test_resume_with_changed_gamma_raises(run_a, tmp_path):
 def test_ppo_improves_sampled_success():
     """SFT on demonstrations with half the actions wrong, then PPO+GAE: sampled success must go up.
 
-    Measured on one CPU thread (torch 2.13, transformers 5.23), this config (3x3 lakes, 200 SFT steps,
-    30 PPO steps of 16 episodes, 64 held-out maps x 4 samples), about 9-10 s each:
-        seed 0: 0.148 -> 0.363 (+0.215)   seed 1: 0.125 -> 0.340 (+0.215)   seed 2: 0.172 -> 0.371 (+0.199)
-    The test uses seed 0 and asks for +0.10, half the smallest gain seen. The training batches' success rate
-    (mean of the first vs the last 10 steps) rose too: 0.206 -> 0.388, 0.219 -> 0.312, 0.188 -> 0.294.
+    Measured on one CPU thread (torch 2.13, transformers 5.23), this config (3x3 lakes, 200 SFT
+    steps, 30 PPO steps of 16 episodes, 64 held-out maps x 4 samples), about 9-10 s each:
+        seed 0: 0.148 -> 0.363 (+0.215)   seed 1: 0.125 -> 0.340 (+0.215)
+        seed 2: 0.172 -> 0.371 (+0.199)
+    The test uses seed 0 and asks for +0.10, half the smallest gain seen. The training batches'
+    success rate (mean of the first vs the last 10 steps) rose too: 0.206 -> 0.388,
+    0.219 -> 0.312, 0.188 -> 0.294.
     """
-    config = PPOConfig(
-        seed=0, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-        map_size=3, demo_error_rate=0.5, sft_steps=200, sft_batch_size=16, max_steps=30, prompts_per_step=16,
-        learning_rate=1e-3, eval_size=64, eval_samples=4, device="cpu", disable_tqdm=True,
-    )
+    config = tiny(
+        "ppo", seed=0, num_hidden_layers=2, demo_error_rate=0.5, sft_steps=200, max_steps=30,
+        prompts_per_step=16, learning_rate=1e-3, eval_size=64, eval_samples=4,
+    )  # fmt: skip
     trainer = AgentTrainer(config)
     summary = trainer.train()
     before, after = summary["success_before"], summary["success_after"]
@@ -500,8 +518,10 @@ def test_ppo_improves_sampled_success():
 
 
 def _run(*args, timeout=120):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, "-m", "agentic_rl", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, "-m", "agentic_rl", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
 
 
 def test_ppo_cli_help_and_bad_lam():
@@ -510,16 +530,18 @@ def test_ppo_cli_help_and_bad_lam():
     out = " ".join(r.stdout.split())
     assert "--lam" in out and "GAE lambda" in out and "--bootstrap-truncated" in out
     # tiny settings, so that a missing check fails fast instead of training the quick profile
-    r = _run("ppo", "--lam", "1.5", "--sft-steps", "0", "--max-steps", "0", "--eval-size", "1", "--hidden-size", "32")
+    r = _run("ppo", "--lam", "1.5", "--sft-steps", "0", "--max-steps", "0", "--eval-size", "1",
+             "--hidden-size", "32")
     assert r.returncode == 2
     assert "lam" in r.stderr and "1.5" in r.stderr
 
 
 def test_ppo_cli_tiny_real_run(tmp_path):
     out = tmp_path / "run"
-    r = _run("ppo", "--sft-steps", "10", "--max-steps", "2", "--hidden-size", "32", "--num-hidden-layers", "1",
-             "--num-attention-heads", "2", "--num-key-value-heads", "1", "--intermediate-size", "64", "--map-size", "3",
-             "--sft-batch-size", "8", "--prompts-per-step", "4", "--eval-size", "8", "--eval-samples", "1",
+    r = _run("ppo", "--sft-steps", "10", "--max-steps", "2", "--hidden-size", "32",
+             "--num-hidden-layers", "1", "--num-attention-heads", "2", "--num-key-value-heads", "1",
+             "--intermediate-size", "64", "--map-size", "3", "--sft-batch-size", "8",
+             "--prompts-per-step", "4", "--eval-size", "8", "--eval-samples", "1",
              "--disable-tqdm", "true", "--device", "cpu", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     with open(out / "metrics.csv") as fh:
@@ -532,7 +554,8 @@ def test_ppo_cli_tiny_real_run(tmp_path):
         summary = json.load(fh)
     for key in ("success_before", "success_after", "wall_time_s"):
         assert key in summary
-    assert summary["wall_time_s"] > 0 and summary["rl_steps"] == 2 and summary["task"] == "frozenlake"
+    assert summary["wall_time_s"] > 0
+    assert summary["rl_steps"] == 2 and summary["task"] == "frozenlake"
     assert 0 <= summary["success_before"] <= 1 and 0 <= summary["success_after"] <= 1
     assert summary["config"]["map_size"] == 3 and summary["config"]["advantage_estimator"] == "gae"
 
@@ -553,19 +576,21 @@ def test_evaluate_agent_is_deterministic_and_leaves_the_rng_alone(make_trainer):
     assert first["greedy_turns"] >= 1
     # the greedy part does not depend on the sampling seed
     other = evaluate_agent(trainer, trainer.eval_problems, samples=2, seed=8)
-    assert other["greedy_success"] == first["greedy_success"] and other["greedy_turns"] == first["greedy_turns"]
+    assert other["greedy_success"] == first["greedy_success"]
+    assert other["greedy_turns"] == first["greedy_turns"]
 
 
 def test_ppo_default_takes_several_gradient_steps_so_both_clips_act():
-    # The PPO recipe's default (4 minibatches per batch) makes the policy and the value clip act; with
-    # a single gradient step per batch neither could (the ratio and the values would be unchanged).
+    # The PPO recipe's default (4 minibatches per batch) makes the policy and the value clip act;
+    # with a single gradient step per batch neither could (the ratio and the values would be
+    # unchanged).
     assert PPOConfig().num_minibatches == 4
-    t = AgentTrainer(_config(max_steps=4, learning_rate=3e-3, critic_learning_rate=3e-2,
+    t = AgentTrainer(tiny("ppo", max_steps=4, learning_rate=3e-3, critic_learning_rate=3e-2,
                              cliprange_value=0.01, prompts_per_step=16))
     t.train()
     assert any(r["clip_ratio"] > 0 for r in t.history)
     assert any(r["vf_clip_ratio"] > 0 for r in t.history)
-    single = AgentTrainer(_config(max_steps=2, num_minibatches=1, cliprange_value=0.01))
+    single = AgentTrainer(tiny("ppo", max_steps=2, num_minibatches=1, cliprange_value=0.01))
     single.train()
     assert all(r["vf_clip_ratio"] == 0 for r in single.history)
 

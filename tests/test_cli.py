@@ -1,4 +1,5 @@
-"""``python -m agentic_rl``: help from the config's field docs, argument errors, and a tiny real run."""
+"""``python -m agentic_rl``: help from the config's field docs, argument errors, and a tiny real
+run."""
 
 from __future__ import annotations
 
@@ -14,13 +15,16 @@ from agentic_rl.cli import RECIPES, main
 from agentic_rl.cli import config_from_args
 from agentic_rl.grpo import GRPOConfig
 
-METRICS = ["step", "reward_mean", "reward_std", "accuracy", "format_rate", "frac_reward_zero_std", "completion_length", "loss",
-           "kl", "entropy", "clip_ratio", "grad_norm", "tokens_per_s", "step_time", "skipped"]
+METRICS = ["step", "reward_mean", "reward_std", "accuracy", "format_rate", "frac_reward_zero_std",
+           "completion_length", "loss", "kl", "entropy", "clip_ratio", "grad_norm", "tokens_per_s",
+           "step_time", "skipped"]
 
 
 def _run(*args, timeout=120):
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, "-m", "agentic_rl", *args], capture_output=True, text=True, env=env, timeout=timeout)
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, "-m", "agentic_rl", *args], capture_output=True,
+                          text=True, env=env, timeout=timeout)
 
 
 def test_grpo_help_shows_field_docs():
@@ -48,7 +52,8 @@ def test_unknown_recipe_exits_2():
 
 def test_no_recipe_prints_usage(capsys):
     assert main([]) == 2
-    assert f"usage: python -m agentic_rl {{{', '.join(sorted(RECIPES))}}}" in capsys.readouterr().out
+    usage = f"usage: python -m agentic_rl {{{', '.join(sorted(RECIPES))}}}"
+    assert usage in capsys.readouterr().out
     assert main(["--help"]) == 0
 
 
@@ -121,9 +126,10 @@ def test_output_dir_none_is_refused(capsys, word):
 
 def test_tiny_real_run_writes_metrics_and_summary(tmp_path):
     out = tmp_path / "run"
-    r = _run("grpo", "--sft-steps", "20", "--max-steps", "2", "--hidden-size", "32", "--num-hidden-layers", "1",
-             "--num-attention-heads", "2", "--num-key-value-heads", "1", "--intermediate-size", "64", "--eval-size", "16",
-             "--prompts-per-step", "4", "--num-generations", "2", "--disable-tqdm", "true", "--output-dir", str(out))
+    r = _run("grpo", "--sft-steps", "20", "--max-steps", "2", "--hidden-size", "32",
+             "--num-hidden-layers", "1", "--num-attention-heads", "2", "--num-key-value-heads", "1",
+             "--intermediate-size", "64", "--eval-size", "16", "--prompts-per-step", "4",
+             "--num-generations", "2", "--disable-tqdm", "true", "--output-dir", str(out))
     assert r.returncode == 0, r.stderr
     with open(out / "metrics.csv") as fh:
         reader = csv.DictReader(fh)
@@ -132,8 +138,8 @@ def test_tiny_real_run_writes_metrics_and_summary(tmp_path):
     assert len(rows) == 2 and [int(x["step"]) for x in rows] == [1, 2]
     with open(out / "summary.json") as fh:
         summary = json.load(fh)
-    for key in ("accuracy_before", "accuracy_after", "wall_time_s", "profile", "sampled_accuracy_before", "greedy_accuracy_after",
-                "num_parameters", "config"):
+    for key in ("accuracy_before", "accuracy_after", "wall_time_s", "profile",
+                "sampled_accuracy_before", "greedy_accuracy_after", "num_parameters", "config"):
         assert key in summary
     assert summary["profile"] == "quick" and summary["rl_steps"] == 2 and summary["wall_time_s"] > 0
     assert 0 <= summary["accuracy_before"] <= 1 and 0 <= summary["accuracy_after"] <= 1

@@ -9,19 +9,11 @@ import torch
 
 from agentic_rl import filters
 from agentic_rl.config import ConfigError
-from agentic_rl.dapo import DAPOConfig, DAPOTrainer, overlong_penalty
-from agentic_rl.grpo import GRPOConfig, GRPOTrainer
+from agentic_rl.dapo import DAPOTrainer, overlong_penalty
+from agentic_rl.grpo import GRPOTrainer
 from agentic_rl.utils import setup
 
-TINY = dict(
-    digits=1, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-    intermediate_size=64, sft_steps=30, sft_batch_size=16, max_steps=2, prompts_per_step=4,
-    num_generations=4, max_completion_length=4, eval_size=8, eval_samples=1, disable_tqdm=True,
-)  # fmt: skip
-
-
-def tiny(**overrides) -> DAPOConfig:
-    return DAPOConfig.from_profile("quick", **{**TINY, **overrides})
+from testkit import tiny
 
 
 def test_overlong_penalty_is_zero_then_linear_then_minus_one():
@@ -34,7 +26,7 @@ def test_overlong_penalty_is_zero_then_linear_then_minus_one():
 
 def test_the_penalty_lands_on_the_last_generated_token():
     setup(0)
-    t = DAPOTrainer(tiny(dynamic_sampling=False, overlong_buffer=2))
+    t = DAPOTrainer(tiny("dapo", dynamic_sampling=False, overlong_buffer=2))
     t.sft()
     batch = t.rollout()
     lengths = batch.loss_mask.sum(1)
@@ -50,7 +42,7 @@ def test_the_penalty_lands_on_the_last_generated_token():
 
 def test_dynamic_sampling_keeps_groups_whose_answers_differ():
     setup(0)
-    t = DAPOTrainer(tiny(max_sample_rounds=3))
+    t = DAPOTrainer(tiny("dapo", max_sample_rounds=3))
     t.sft()
     batch = t.rollout()
     std, _ = filters.group_std(batch.correct.float(), batch.group_id)
@@ -72,7 +64,7 @@ def test_dynamic_sampling_criterion_is_the_answers_not_the_shaped_reward():
 
 def test_overlong_filtering_takes_truncated_completions_out_of_the_loss():
     setup(0)
-    t = DAPOTrainer(tiny(dynamic_sampling=False, mask_truncated=True, sft_steps=0))
+    t = DAPOTrainer(tiny("dapo", dynamic_sampling=False, mask_truncated=True, sft_steps=0))
     batch = t.rollout()  # an untrained model rarely stops within 4 tokens
     truncated = batch.extras["truncated"]
     assert truncated.any()
@@ -85,8 +77,8 @@ def test_the_grpo_preset_is_grpo_bit_for_bit():
     chapter's trainer does, on the same seed."""
     runs = {}
     for name, trainer, config in (
-        ("grpo", GRPOTrainer, GRPOConfig.from_profile("quick", **TINY)),
-        ("dapo:grpo", DAPOTrainer, tiny(preset="grpo")),
+        ("grpo", GRPOTrainer, tiny("grpo", sft_steps=30)),
+        ("dapo:grpo", DAPOTrainer, tiny("dapo", preset="grpo")),
     ):
         setup(0)
         t = trainer(config)
@@ -98,15 +90,15 @@ def test_the_grpo_preset_is_grpo_bit_for_bit():
 
 
 def test_presets_and_bad_values():
-    d, g = tiny(), tiny(preset="grpo")
+    d, g = tiny("dapo"), tiny("dapo", preset="grpo")
     assert (d.epsilon_high, d.loss_type, d.dynamic_sampling, d.overlong_buffer) == (
         0.28, "dapo", True, 4)  # fmt: skip
     assert (g.epsilon_high, g.loss_type, g.dynamic_sampling, g.overlong_buffer) == (
         None, "grpo", False, 0)  # fmt: skip
     with pytest.raises(ConfigError, match="^overlong_buffer: "):
-        tiny(overlong_buffer=5)  # longer than the completion budget
+        tiny("dapo", overlong_buffer=5)  # longer than the completion budget
     with pytest.raises(ConfigError, match="^overlong_penalty_factor: "):
-        tiny(overlong_penalty_factor=-1.0)
+        tiny("dapo", overlong_penalty_factor=-1.0)
     with pytest.raises(ConfigError, match="^dynamic_sampling: .*one process, not 2 ranks"):
-        tiny().check_data_parallel(2)
-    tiny(dynamic_sampling=False).check_data_parallel(2)
+        tiny("dapo").check_data_parallel(2)
+    tiny("dapo", dynamic_sampling=False).check_data_parallel(2)

@@ -21,15 +21,15 @@ import pytest
 import torch
 import torch.distributed
 
+from testkit import tiny
+
 pytestmark = pytest.mark.skipif(
     not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
     reason="needs torch.distributed with the gloo backend (CPU ranks)",
 )
 
-TINY = dict(digits=1, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-            intermediate_size=64, sft_steps=0, max_steps=1, prompts_per_step=4, num_generations=4,
-            max_completion_length=6, eval_size=4, eval_samples=1, device="cpu",
-            disable_tqdm=True)  # fmt: skip
+#: What these tests change of ``testkit.tiny("grpo")``.
+TINY = dict(max_steps=1, max_completion_length=6, eval_size=4)
 
 #: One global batch, several losses: config overrides (and whether a filter keeps only group 0,
 #: which leaves rank 1 with no rows: its gradient steps carry none).
@@ -58,10 +58,9 @@ def _torchrun(*args, timeout=180):
 
 
 def _trainer(name):
-    from agentic_rl.grpo import GRPOConfig
     from agentic_rl.grpo import GRPOTrainer
 
-    t = GRPOTrainer(GRPOConfig(**{**TINY, **CASES[name]}))
+    t = GRPOTrainer(tiny("grpo", **{**TINY, **CASES[name]}))
     if name == "filtered":
         t.filter_rows = lambda batch: batch.group_id == 0
     return t
@@ -175,10 +174,11 @@ def test_without_the_rank_weights_the_gradient_would_differ(name, global_batch):
 
 
 def _cli_args(folder, steps):
-    return ["-m", "agentic_rl", "grpo", "--profile", "quick", "--max-steps", str(steps), "--output-dir", str(folder),
-            "--sft-steps", "2", "--sft-batch-size", "8", "--prompts-per-step", "4", "--num-generations", "4",
-            "--max-completion-length", "6", "--hidden-size", "32", "--num-hidden-layers", "1",
-            "--intermediate-size", "64", "--eval-size", "4", "--eval-samples", "1", "--save-steps", "1"]  # fmt: skip
+    return ["-m", "agentic_rl", "grpo", "--profile", "quick", "--max-steps", str(steps),
+            "--output-dir", str(folder), "--sft-steps", "2", "--sft-batch-size", "8",
+            "--prompts-per-step", "4", "--num-generations", "4", "--max-completion-length", "6",
+            "--hidden-size", "32", "--num-hidden-layers", "1", "--intermediate-size", "64",
+            "--eval-size", "4", "--eval-samples", "1", "--save-steps", "1"]  # fmt: skip
 
 
 def _rows(folder, name="metrics.csv"):
@@ -258,8 +258,8 @@ def test_cli_under_torchrun_refuses_prompts_that_do_not_divide(tmp_path):
     )
     lines = [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("error:")]
     assert lines == [
-        "error: prompts_per_step: does not divide across 2 ranks (each rank plays an equal share of a step's "
-        "prompts, each with its whole group); use a multiple of 2 (got 3)"
+        "error: prompts_per_step: does not divide across 2 ranks (each rank plays an equal share "
+        "of a step's prompts, each with its whole group); use a multiple of 2 (got 3)"
     ]  # fmt: skip
     assert "exitcode  : 2" in r.stderr  # the ranks' status; torchrun itself exits 1
     assert not (tmp_path / "run" / "checkpoint.pt").exists()
@@ -267,15 +267,15 @@ def test_cli_under_torchrun_refuses_prompts_that_do_not_divide(tmp_path):
 
 @pytest.mark.parametrize(
     "overrides, field",
-    [(dict(prompts_per_step=3), "prompts_per_step"), (dict(prompts_per_step=2, num_generations=2, num_minibatches=3), "num_minibatches"),
+    [(dict(prompts_per_step=3), "prompts_per_step"),
+     (dict(prompts_per_step=2, num_generations=2, num_minibatches=3), "num_minibatches"),
      (dict(scale_rewards="batch"), "scale_rewards")],
 )  # fmt: skip
 def test_what_does_not_split_across_ranks_is_refused_before_compute(monkeypatch, overrides, field):
     from agentic_rl.config import ConfigError
     from agentic_rl.distributed import check_data_parallel
-    from agentic_rl.grpo import GRPOConfig
 
-    config = GRPOConfig(**{**TINY, "prompts_per_step": 4, **overrides})
+    config = tiny("grpo", **{**TINY, "prompts_per_step": 4, **overrides})
     check_data_parallel(config)  # one process: anything goes
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError) as err:
@@ -286,7 +286,6 @@ def test_what_does_not_split_across_ranks_is_refused_before_compute(monkeypatch,
 def test_every_recipe_shards_and_a_rollout_that_does_not_is_refused(monkeypatch):
     from agentic_rl.agent import AgentTrainer
     from agentic_rl.config import ConfigError
-    from agentic_rl.grpo import GRPOConfig
     from agentic_rl.starpo import StarPOConfig
     from agentic_rl.gcd import GCDTrainer
     from agentic_rl.rcgrpo import RCGRPOTrainer
@@ -300,7 +299,7 @@ def test_every_recipe_shards_and_a_rollout_that_does_not_is_refused(monkeypatch)
             return super().rollout()
 
     monkeypatch.setenv("WORLD_SIZE", "2")
-    config = GRPOConfig(**TINY)
+    config = tiny("grpo", **TINY)
     trainers = (GRPOTrainer, AgentTrainer, StarPOTrainer, RCGRPOTrainer, ReToolTrainer, GCDTrainer)
     for cls in trainers:
         check_data_parallel(config, cls)

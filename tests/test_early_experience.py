@@ -34,12 +34,7 @@ from agentic_rl.models import build_tokenizer
 from agentic_rl.rollout import build_segments_batch
 from agentic_rl.utils import setup
 
-TINY = dict(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-    intermediate_size=64, sft_steps=6, sft_batch_size=4, initial_steps=2, world_model_steps=2,
-    num_demos=3, num_alternatives=2, proposals=4, max_steps=2, eval_size=2, eval_samples=1,
-    prompts_per_step=2, num_generations=4, device="cpu", disable_tqdm=True,
-)  # fmt: skip
+from testkit import tiny, tiny_values
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +45,7 @@ def tokenizer():
 @pytest.fixture(scope="module")
 def trainer():
     setup(0)
-    t = EarlyExperienceTrainer(EarlyExperienceConfig(**TINY))
+    t = EarlyExperienceTrainer(tiny("early-experience"))
     t.sft(steps=2)
     return t
 
@@ -213,7 +208,7 @@ def test_every_start_sees_the_same_rl_task_stream():
     setup(0)
     states = []
     for start in ("imitation", "world_model", "reflection"):
-        t = EarlyExperienceTrainer(EarlyExperienceConfig(**TINY, start=start))
+        t = EarlyExperienceTrainer(tiny("early-experience", start=start))
         t.sft()
         states.append(t.problem_rng.getstate())
         if start != "imitation":
@@ -223,17 +218,20 @@ def test_every_start_sees_the_same_rl_task_stream():
 
 @pytest.mark.parametrize("start", ["world_model", "reflection"])
 def test_the_labs_shared_start_is_a_fresh_run_of_that_start(start):
-    config = EarlyExperienceConfig(**TINY, start=start)
+    config = tiny("early-experience", start=start)
     setup(0)
     fresh = EarlyExperienceTrainer(config)
     fresh.train()
     setup(0)
     # (imitation first: the arm after it must not inherit the random streams it used)
-    arm = run_starts(config, {"imitation": dict(start="imitation"), "arm": dict(start=start)})["arm"]
+    starts = {"imitation": dict(start="imitation"), "arm": dict(start=start)}
+    arm = run_starts(config, starts)["arm"]
     assert arm.alternatives == fresh.alternatives
     assert arm.sft_history == fresh.sft_history
     drop = ("tokens_per_s", "step_time")
-    rows = [[{k: v for k, v in r.items() if k not in drop} for r in t.history] for t in (arm, fresh)]
+    rows = [
+        [{k: v for k, v in r.items() if k not in drop} for r in t.history] for t in (arm, fresh)
+    ]
     assert repr(rows[0]) == repr(rows[1])  # (kl is NaN with beta 0)
     assert arm.evals == fresh.evals
 
@@ -241,7 +239,7 @@ def test_the_labs_shared_start_is_a_fresh_run_of_that_start(start):
 def test_recipe_runs_tiny_from_the_cli_and_writes_the_summary(tmp_path):
     out = tmp_path / "run"
     argv = ["early-experience", "--start", "reflection", "--output-dir", str(out)]
-    for key, value in TINY.items():
+    for key, value in tiny_values("early-experience").items():
         argv += [f"--{key.replace('_', '-')}", str(value).lower()]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())

@@ -1,5 +1,6 @@
-"""FrozenLake as text: the exact observation, gymnasium's transitions replayed side by side, termination vs
-truncation, malformed actions (never raising), the expert against an independent BFS, and the ceiling."""
+"""FrozenLake as text: the exact observation, gymnasium's transitions replayed side by side,
+termination vs truncation, malformed actions (never raising), the expert against an independent
+BFS, and the ceiling."""
 
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import pytest
 from agentic_rl.envs import ENVS, FrozenLakeEnv, MultiTurnEnv, make_env
 from agentic_rl.envs.frozenlake import ACTIONS
 
-WIN_4X4 = ["down", "down", "right", "right", "down", "right"]  # gymnasium's 4x4 map, reference/stack.md §5
+# gymnasium's 4x4 map, reference/stack.md §5
+WIN_4X4 = ["down", "down", "right", "right", "down", "right"]
 
 
 def shortest_path_length(desc) -> int | None:
-    """BFS over the lake: moves that leave the grid are no moves, holes are closed, None if G is unreachable."""
+    """BFS over the lake: moves that leave the grid are no moves, holes are closed, None if G is
+    unreachable."""
     n_rows, n_cols = len(desc), len(desc[0])
     start = next((r, c) for r in range(n_rows) for c in range(n_cols) if desc[r][c] == "S")
     dist, queue = {start: 0}, deque([start])
@@ -54,10 +57,13 @@ def test_reset_text_on_the_fixed_4x4_map():
     assert env.render_text() == "P F F F | F H F H | F F F H | H F F G"
     assert FrozenLakeEnv(random_map=False).reset(0) == obs  # the default map is gymnasium's 4x4
     obs, reward, done, info = env.step("right")
-    assert obs == "S P F F | F H F H | F F F H | H F F G <action>"  # the start tile shows once the agent left it
+    # the start tile shows once the agent left it
+    assert obs == "S P F F | F H F H | F F F H | H F F G <action>"
     assert (reward, done) == (0.0, False)
-    assert info == dict(terminated=False, truncated=False, format_ok=True, success=False, turn=1, state=1)
-    assert FrozenLakeEnv(map_name="8x8", random_map=False).reset(0).split()[:9] == ["P"] + ["F"] * 7 + ["|"]
+    assert info == dict(terminated=False, truncated=False, format_ok=True, success=False, turn=1,
+                        state=1)
+    first_row = FrozenLakeEnv(map_name="8x8", random_map=False).reset(0).split()[:9]
+    assert first_row == ["P"] + ["F"] * 7 + ["|"]
 
 
 def test_random_maps_are_seeded():
@@ -70,7 +76,8 @@ def test_random_maps_are_seeded():
     for seed in range(20):
         a.reset(seed)
         maps.add(a.desc)
-        assert a.desc[0][0] == "S" and a.desc[-1][-1] == "G" and shortest_path_length(a.desc) is not None
+        assert a.desc[0][0] == "S" and a.desc[-1][-1] == "G"
+        assert shortest_path_length(a.desc) is not None
     assert len(maps) > 5
     env = FrozenLakeEnv(size=6, p_frozen=0.6)
     env.reset(1)
@@ -83,20 +90,24 @@ def test_winning_path_and_hole():
     for i, action in enumerate(WIN_4X4):
         obs, reward, done, info = env.step(action)
         if i < len(WIN_4X4) - 1:
-            assert (reward, done, info["terminated"]) == (0.0, False, False) and obs.endswith(" <action>")
+            assert (reward, done, info["terminated"]) == (0.0, False, False)
+            assert obs.endswith(" <action>")
     assert (obs, reward, done) == ("", 1.0, True)
-    assert info == dict(terminated=True, truncated=False, format_ok=True, success=True, turn=6, state=15)
+    assert info == dict(terminated=True, truncated=False, format_ok=True, success=True, turn=6,
+                        state=15)
 
     env.reset(0)
     env.step("down")
     obs, reward, done, info = env.step("right")  # state 5 is a hole
     assert (obs, reward, done) == ("", 0.0, True)
-    assert info == dict(terminated=True, truncated=False, format_ok=True, success=False, turn=2, state=5)
+    assert info == dict(terminated=True, truncated=False, format_ok=True, success=False, turn=2,
+                        state=5)
 
 
 @pytest.mark.parametrize("slippery", [False, True])
 def test_transitions_match_gymnasium(slippery):
-    """Random actions on random lakes: state, reward and termination equal a separately built gymnasium env's."""
+    """Random actions on random lakes: state, reward and termination equal a separately built
+    gymnasium env's."""
     rng = random.Random(0)
     for seed in range(12):
         size = 4 if seed % 2 else 5
@@ -110,7 +121,8 @@ def test_transitions_match_gymnasium(slippery):
             action = rng.randrange(4)
             obs, reward, done, info = env.step(ACTIONS[action])
             state, ref_reward, terminated, _, _ = ref.step(action)
-            assert info["state"] == state and reward == float(ref_reward) and info["terminated"] == terminated
+            assert info["state"] == state and reward == float(ref_reward)
+            assert info["terminated"] == terminated
             assert info["success"] == (terminated and "".join(env.desc)[state] == "G")
             assert done == (terminated or info["turn"] == 50)
             if not done:
@@ -123,17 +135,21 @@ def test_truncation_is_not_termination():
     for _ in range(2):
         assert env.step("left")[2] is False  # bumping into the wall: stays on the start tile
     obs, reward, done, info = env.step("left")
-    # cut by the turn limit: the state still exists, so its observation comes back (for bootstrapping)
+    # cut by the turn limit: the state still exists, so its observation comes back (for
+    # bootstrapping)
     assert (obs, reward, done) == ("P F F F | F H F H | F F F H | H F F G <action>", 0.0, True)
-    assert info["truncated"] is True and info["terminated"] is False and info["turn"] == 3 and info["state"] == 0
+    assert info["truncated"] is True and info["terminated"] is False
+    assert info["turn"] == 3 and info["state"] == 0
 
-    env = FrozenLakeEnv(random_map=False, max_turns=6)  # the goal on the last allowed turn: terminated
+    # the goal on the last allowed turn: terminated
+    env = FrozenLakeEnv(random_map=False, max_turns=6)
     env.reset(0)
     for action in WIN_4X4:
         _, reward, done, info = env.step(action)
     assert done and reward == 1.0 and info["terminated"] is True and info["truncated"] is False
 
-    env = FrozenLakeEnv(random_map=False, max_turns=2)  # a hole on the last allowed turn: terminated
+    # a hole on the last allowed turn: terminated
+    env = FrozenLakeEnv(random_map=False, max_turns=2)
     env.reset(0)
     env.step("down")
     _, _, done, info = env.step("right")
@@ -142,7 +158,8 @@ def test_truncation_is_not_termination():
 
 @pytest.mark.parametrize(
     "text",
-    ["", "jump", "down down", "Down", "<action>", "down</action>", "\x00", "dow\x00n", "left" * 10_000, " " * 5000, None],
+    ["", "jump", "down down", "Down", "<action>", "down</action>", "\x00", "dow\x00n",
+     "left" * 10_000, " " * 5000, None],
 )
 def test_malformed_actions_end_the_episode_with_a_penalty(text):
     env = FrozenLakeEnv(random_map=False, format_penalty=0.25)
@@ -150,7 +167,8 @@ def test_malformed_actions_end_the_episode_with_a_penalty(text):
     env.step("right")
     obs, reward, done, info = env.step(text)
     assert (obs, reward, done) == ("", -0.25, True)
-    assert info == dict(terminated=True, truncated=False, format_ok=False, success=False, turn=2, state=1)
+    assert info == dict(terminated=True, truncated=False, format_ok=False, success=False, turn=2,
+                        state=1)
     with pytest.raises(RuntimeError, match="episode is over"):
         env.step("down")
 
@@ -189,9 +207,11 @@ def test_expert_takes_a_shortest_path_on_deterministic_lakes():
         assert (reward, terminated, "".join(env.desc)[state]) == (1, True, "G")
     assert solvable > 40
 
-    # Ties between equally short routes go to the earlier word of left, down, right, up: on gymnasium's 4x4
-    # map both down and right start a 6-move route from S, so down; from state 9, down (13) beats right (10).
-    assert FrozenLakeEnv(random_map=False).solve_from_start(0) == ["down", "down", "right", "down", "right", "right"]
+    # Ties between equally short routes go to the earlier word of left, down, right, up: on
+    # gymnasium's 4x4 map both down and right start a 6-move route from S, so down; from state 9,
+    # down (13) beats right (10).
+    route = FrozenLakeEnv(random_map=False).solve_from_start(0)
+    assert route == ["down", "down", "right", "down", "right", "right"]
     big = FrozenLakeEnv(map_name="8x8", random_map=False, max_turns=20)
     assert len(big.solve_from_start(0)) == shortest_path_length(big.desc) == 14
     env = FrozenLakeEnv(random_map=False, max_turns=6)
@@ -248,7 +268,8 @@ def test_demonstrations():
 
 def test_vocabulary_covers_every_observation_and_action():
     vocab = set(FrozenLakeEnv().vocabulary())
-    assert vocab == {"S", "F", "H", "G", "P", "|", "<action>", "</action>", "left", "down", "right", "up"}
+    assert vocab == {"S", "F", "H", "G", "P", "|", "<action>", "</action>", "left", "down", "right",
+                     "up"}
     rng, seen = random.Random(1), set()
     for slippery in (False, True):
         env = FrozenLakeEnv(size=5, is_slippery=slippery, max_turns=20)

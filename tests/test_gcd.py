@@ -30,45 +30,17 @@ from agentic_rl.gcd import (
     simulate_risky_action,
     softmax_policy_gradient,
 )
-from agentic_rl.models import build_model, build_tokenizer
+from agentic_rl.models import build_tokenizer
 from agentic_rl.rollout import Batch, build_segments_batch, sequence_logprobs
 
-
-def tiny(**kw) -> GCDConfig:
-    base = dict(
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        sft_steps=3,
-        sft_batch_size=4,
-        max_steps=2,
-        prompts_per_step=2,
-        num_generations=4,
-        eval_size=4,
-        eval_samples=1,
-        num_probes=4,
-        coupling_every=2,
-        device="cpu",
-        disable_tqdm=True,
-    )
-    return GCDConfig(**{**base, **kw})
+from testkit import tiny, tiny_model
 
 
 @pytest.fixture(scope="module")
 def policy():
     env = HouseholdEnv()
     tok = build_tokenizer(env.vocabulary())
-    model = build_model(
-        tok,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        seed=0,
-    )
+    model = tiny_model(tok)
     return model, tok
 
 
@@ -366,7 +338,7 @@ def test_judgement_loss_is_the_two_way_cross_entropy():
 
 # ---------------------------------------------------------------------- the trainer
 def test_with_weight_zero_the_loss_is_grpo_and_with_lambda_it_adds_the_judgement():
-    trainer = GCDTrainer(tiny(sft_steps=0, judge_weight=0.0))
+    trainer = GCDTrainer(tiny("gcd", sft_steps=0, judge_weight=0.0))
     torch.manual_seed(0)
     batch = trainer.rollout()
     adv = trainer.compute_advantages(batch)
@@ -395,7 +367,7 @@ def test_with_weight_zero_the_loss_is_grpo_and_with_lambda_it_adds_the_judgement
 
 
 def test_a_short_run_logs_flaws_judgements_and_coupling_and_evaluates_both_splits():
-    config = tiny(judge_weight=0.5, max_steps=4, judge_labels="oracle", eval_samples=2)
+    config = tiny("gcd", judge_weight=0.5, max_steps=4, judge_labels="oracle", eval_samples=2)
     trainer = GCDTrainer(config)
     summary = trainer.train()
     h = trainer.history
@@ -422,15 +394,16 @@ def test_a_short_run_logs_flaws_judgements_and_coupling_and_evaluates_both_split
 
 
 def test_evaluation_plays_the_splits_it_names():
-    trainer = GCDTrainer(tiny(sft_steps=0))
+    trainer = GCDTrainer(tiny("gcd", sft_steps=0))
     for split in ("train", "ood"):
-        b = trainer.play([1, 2, 3], split=split)
-        assert len(b.extras["kinds"]) == 3
+        envs = [trainer.make_task(split) for _ in range(3)]
+        b = trainer.play([1, 2, 3], envs=envs)
+        assert len(b.extras["kinds"]) == 3 and {env.split for env in envs} == {split}
         assert all(len(k) == n for k, n in zip(b.extras["kinds"], b.extras["num_turns"].tolist()))
 
 
 def test_run_arms_shares_one_sft_start_per_judgement_weight_of_the_warm_start():
-    arms = run_arms(tiny(max_steps=1, coupling_every=0), ARMS)
+    arms = run_arms(tiny("gcd", max_steps=1, coupling_every=0), ARMS)
     assert list(arms) == list(ARMS)
     plain = [t for t in arms.values() if t.config.judge_sft_weight == 0]
     judged = [t for t in arms.values() if t.config.judge_sft_weight > 0]
@@ -455,7 +428,7 @@ def test_build_segments_batch_probe_rows_are_right_padded(policy):
 def test_a_judgement_token_written_into_an_action_is_a_malformed_action():
     # the policy is never asked to write a judgement; if it does, the environment answers it
     # like any text outside its grammar: a message, reward 0, the episode goes on
-    trainer = GCDTrainer(tiny(sft_steps=0))
+    trainer = GCDTrainer(tiny("gcd", sft_steps=0))
     env = trainer.make_task()
     env.reset(0)
     for text in ("<|good|>", "put mug in <|bad|>", "<|good|> look"):
@@ -468,7 +441,7 @@ def test_lora_coupling_leaves_the_model_copyable_and_a_run_finishes():
     """Reliability report, failure 14: with LoRA, torch.func's functional_call left the tied
     trainable-token delta (embedding and head) swapped for a vmap wrapper, and the next deepcopy
     (the second split's spillover) crashed; every parameter is put back."""
-    trainer = GCDTrainer(tiny(use_lora=True, coupling_every=0, sft_steps=2, max_steps=1))
+    trainer = GCDTrainer(tiny("gcd", use_lora=True, coupling_every=0, sft_steps=2, max_steps=1))
     trainer.sft()
     slots = [(m, k, p) for m in trainer.model.modules() for k, p in m._parameters.items()]
     coupling.per_sample_grads(trainer.model, trainer.probes["train"][0])
@@ -499,7 +472,7 @@ def test_judge_balance_is_a_validated_bool_flag_of_the_cli(capsys):
 def test_the_warm_start_batch_labels_each_teacher_action_at_its_last_token():
     from agentic_rl.agent import AgentTrainer
 
-    a, b = (GCDTrainer(tiny(sft_steps=0, sft_batch_size=6)) for _ in range(2))
+    a, b = (GCDTrainer(tiny("gcd", sft_steps=0, sft_batch_size=6)) for _ in range(2))
     batch = a.sft_batch()
     plain = AgentTrainer.sft_batch(b)  # the same rows as the agent trainer's warm start
     assert torch.equal(batch.input_ids, plain.input_ids)
@@ -515,11 +488,11 @@ def test_the_warm_start_batch_labels_each_teacher_action_at_its_last_token():
 
 def test_a_judged_warm_start_adds_the_weighted_judgement_loss_and_zero_changes_nothing():
     torch.manual_seed(0)
-    base = GCDTrainer(tiny(sft_steps=0, sft_batch_size=8))
+    base = GCDTrainer(tiny("gcd", sft_steps=0, sft_batch_size=8))
     batch = base.sft_batch()
-    judged = GCDTrainer(tiny(sft_steps=0, judge_sft_weight=0.5), model=copy.deepcopy(base.model),
-                        tokenizer=base.tokenizer)
-    plain = GCDTrainer(tiny(sft_steps=0), model=copy.deepcopy(base.model),
+    judged = GCDTrainer(tiny("gcd", sft_steps=0, judge_sft_weight=0.5),
+                        model=copy.deepcopy(base.model), tokenizer=base.tokenizer)
+    plain = GCDTrainer(tiny("gcd", sft_steps=0), model=copy.deepcopy(base.model),
                        tokenizer=base.tokenizer)
     logprobs, logits = sequence_logprobs(base.model, batch.input_ids, batch.attention_mask,
                                          with_logits=True)
@@ -533,12 +506,12 @@ def test_a_judged_warm_start_adds_the_weighted_judgement_loss_and_zero_changes_n
     assert plain.sft_update(batch) == pytest.approx(sft.item(), rel=1e-5)
     for field, value in (("judge_sft_weight", -0.1), ("judge_sft_weight", float("nan"))):
         with pytest.raises(ConfigError, match=field):
-            tiny(**{field: value})
+            tiny("gcd", **{field: value})
 
 
 def test_a_judged_warm_start_teaches_the_judge_to_separate_flawed_actions():
     torch.manual_seed(0)
-    t = GCDTrainer(tiny(sft_steps=100, judge_sft_weight=1.0, sft_batch_size=32))  # SFT lr
+    t = GCDTrainer(tiny("gcd", sft_steps=100, judge_sft_weight=1.0, sft_batch_size=32))  # SFT lr
     batch = t.sft_batch()
     good = torch.tensor([g for row in batch.extras["judge_good"] for g in row])
     rows = [i for i, row in enumerate(batch.extras["judge_cols"]) for _ in row]

@@ -24,6 +24,8 @@ from agentic_rl.gigpo import (
 from agentic_rl.envs import SokobanEnv
 from agentic_rl.utils import setup
 
+from testkit import tiny, tiny_values
+
 # A group of four episodes on a small grid: start A, cells B and C, the goal G (reward 1 on the
 # step that reaches it), a hole (reward 0, the episode ends). Anchors = the state each step acts in.
 #   tau1: A -> B -> G              anchors A B      rewards 0 1    R = 1
@@ -190,20 +192,12 @@ def test_bad_config_values_are_refused_naming_the_field(overrides, field):
         GiGPOConfig.from_profile("quick", **overrides)
 
 
-TINY = dict(
-    hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-    intermediate_size=64, sft_steps=0, max_steps=1, eval_size=2, eval_samples=1, device="cpu",
-    disable_tqdm=True, prompts_per_step=2, num_generations=4,
-)  # fmt: skip
-
-
 def test_recipe_runs_tiny_from_the_cli_and_writes_the_summary(tmp_path, capsys):
     out = tmp_path / "run"
-    argv = ["gigpo", "--hidden-size", "32", "--num-hidden-layers", "1", "--num-attention-heads",
-            "2", "--num-key-value-heads", "1", "--intermediate-size", "64", "--sft-steps", "2",
-            "--sft-batch-size", "4", "--max-steps", "2", "--eval-size", "2", "--eval-samples",
-            "1", "--prompts-per-step", "2", "--num-generations", "4", "--map-size", "3",
-            "--device", "cpu", "--disable-tqdm", "true", "--output-dir", str(out)]  # fmt: skip
+    argv = ["gigpo", "--output-dir", str(out)]
+    values = tiny_values("gigpo", sft_steps=2, sft_batch_size=4, max_steps=2, map_size=3)
+    for key, value in values.items():
+        argv += [f"--{key.replace('_', '-')}", str(value).lower()]
     assert main(argv) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rl_steps"] == 2 and "success_before" in summary and "success_after" in summary
@@ -216,7 +210,7 @@ def test_trainer_token_advantages_are_the_pure_functions_per_step_values():
     # Sokoban: a malformed action is dropped and the episode goes on, so an untrained policy
     # plays several turns and revisits states (the anchor recurs)
     setup(0)
-    t = GiGPOTrainer(GiGPOConfig.from_profile("quick", **TINY, env="sokoban", max_turns=4))
+    t = GiGPOTrainer(tiny("gigpo", env="sokoban", max_turns=4))
     batch = t.rollout()
     assert max(batch.extras["num_turns"].tolist()) > 1
     adv = t.compute_advantages(batch)

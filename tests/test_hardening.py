@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from agentic_rl import checkpoint as ckpt
+from agentic_rl import outdir
 from agentic_rl.checkpoint import CheckpointError, ConfigMismatchError, RunLockedError
 from agentic_rl.cli import RECIPES, main, recipe
 from agentic_rl.agent import PPOConfig
@@ -756,7 +757,9 @@ def test_bad_checkpoint_stops_with_a_named_error_and_deletes_nothing(
     damage, words = FAULTS[fault]
     damage(str(out / "checkpoint.pt"))
     before = _snapshot(out)
-    code, stdout, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(out))
+    code, stdout, err = _cli(
+        capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(out)
+    )
     line = _assert_one_line_error(code, err)
     assert code == 1 and f"checkpoint {out / 'checkpoint.pt'}" in line and words in line, line
     assert "Nothing was deleted" in line and "--output-dir" in line
@@ -825,7 +828,9 @@ def test_newer_format_version_is_named(tmp_path):
         ckpt.load(path)
 
 
-def test_a_format_1_run_folder_is_refused_saying_what_changed_and_what_to_do(capsys, finished, tmp_path):
+def test_a_format_1_run_folder_is_refused_saying_what_changed_and_what_to_do(
+    capsys, finished, tmp_path
+):
     """Format 1 (before the loop's phase was renamed 'rl'): the CLI refuses it in one line that
     names the change and the ways on, and deletes nothing."""
     out = _copy(finished, tmp_path)
@@ -1014,7 +1019,7 @@ def test_run_errors_share_one_base():
     assert issubclass(RunLockedError, RunError) and issubclass(ConfigMismatchError, ValueError)
 
 
-# ------------------------------------------------ 7. files written safely, and finished runs repaired
+# --------------------------------------------- 7. files written safely, and finished runs repaired
 # The reliability report's failures 3, 4, 9, 11, 12 and 13, each with its repro as the test.
 
 
@@ -1043,7 +1048,7 @@ def test_write_atomically_makes_a_fresh_file_and_leaves_no_temporary(tmp_path):
     assert path.read_bytes() == b"step,loss\r\n1,0.5\r\n"
     assert os.listdir(tmp_path) == ["metrics.csv"]
     assert os.stat(path).st_mode & 0o777 == 0o666 & ~_umask()
-    ckpt._remove_stale_temp_files(str(tmp_path))  # (the lock's cleanup: nothing of ours to do)
+    outdir._remove_stale_temp_files(str(tmp_path))  # (the lock's cleanup: nothing of ours to do)
     stale = tmp_path / ".checkpoint.pt.x1y2z3.tmp"  # what a kill during a save leaves
     stale.write_bytes(b"half")
     other = tmp_path / ".checkpoint.pt.link.tmp"
@@ -1168,7 +1173,9 @@ DAMAGE = [
 @pytest.mark.parametrize(
     "names,damage", DAMAGE, ids=[f"{'+'.join(n)}-{d.__name__.strip('_')}" for n, d in DAMAGE]
 )
-def test_a_finished_run_rewrites_missing_or_damaged_files(capsys, finished, tmp_path, names, damage):
+def test_a_finished_run_rewrites_missing_or_damaged_files(
+    capsys, finished, tmp_path, names, damage
+):
     out = _copy(finished, tmp_path)
     reference = _snapshot(out)
     for name in names:
@@ -1203,10 +1210,14 @@ def test_a_swapped_longer_checkpoint_rewrites_the_end_files(capsys, finished, tm
     """The checkpoint of a longer run with the same config, put in a finished run's folder: the
     old 2-step metrics.csv and summary.json are rewritten to match it."""
     out, longer = _copy(finished, tmp_path), tmp_path / "longer"
-    code, _, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(longer))
+    code, _, err = _cli(
+        capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(longer)
+    )
     assert code == 0, err
     shutil.copy(longer / "checkpoint.pt", out / "checkpoint.pt")
-    code, stdout, err = _cli(capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(out))
+    code, stdout, err = _cli(
+        capsys, "grpo", *_with(TINY, "--max-steps", "3"), "--output-dir", str(out)
+    )
     assert code == 0 and "rewrote metrics.csv, summary.json" in err, err
     assert _rows(out / "metrics.csv") == _rows(longer / "metrics.csv")
     assert json.loads((out / "summary.json").read_text())["rl_steps"] == 3

@@ -55,7 +55,8 @@ def test_aggregate_sum_norm_uses_norm_constant_when_given():
 
 @pytest.mark.parametrize(
     "alias,mode",
-    [("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dapo", "token-mean"), ("dr_grpo", "seq-mean-token-sum-norm")],
+    [("grpo", "seq-mean-token-mean"), ("bnpo", "token-mean"), ("dapo", "token-mean"),
+     ("dr_grpo", "seq-mean-token-sum-norm")],
 )
 def test_trl_loss_type_aliases(alias, mode):
     assert resolve_agg_mode(alias) == mode
@@ -73,7 +74,8 @@ def test_unknown_aggregation_raises():
 
 
 def per_token(rhos, advs, **kw):
-    """Loss and d loss / d logprobs of independent tokens (token-sum, so the gradient is per token)."""
+    """Loss and d loss / d logprobs of independent tokens (token-sum, so the gradient is per
+    token)."""
     old = torch.zeros(1, len(rhos), dtype=F64)
     logp = torch.log(t([rhos])).requires_grad_(True)
     loss, metrics = policy_loss(logp, old, t([advs]), torch.ones_like(old), agg="token-sum", **kw)
@@ -107,7 +109,8 @@ def test_ratio_below_lower_bound_with_negative_advantage_is_clipped():
 
 
 def test_pessimistic_side_is_not_clipped():
-    # rho 1.5, A -1: max(1.5, 1.2) = 1.5, grad -A*rho = 1.5 (ratio moved the wrong way: keep gradient)
+    # rho 1.5, A -1: max(1.5, 1.2) = 1.5, grad -A*rho = 1.5 (ratio moved the wrong way: keep
+    # gradient)
     # rho 0.5, A  1: max(-0.5, -0.8) = -0.5, grad -0.5 ; sum 1.0
     loss, grad, m = per_token([1.5, 0.5], [-1.0, 1.0])
     assert_close(loss, scalar(1.0))
@@ -164,7 +167,8 @@ def test_metrics_hand_computed_over_valid_tokens_only():
 
 def test_approx_kl_is_unbiased_for_kl_old_to_new_on_samples_from_old():
     # The tokens a rollout scores were sampled by pi_old, so approx_kl must estimate KL(old || new)
-    # from samples of pi_old. Draw many tokens from a categorical pi_old and compare with the exact KL.
+    # from samples of pi_old. Draw many tokens from a categorical pi_old and compare with the
+    # exact KL.
     # (The former 1/rho + log rho - 1 has expectation sum old^2/new - 1 - KL(old || new): not a KL.)
     gen = torch.Generator().manual_seed(0)
     old = torch.softmax(torch.randn(6, generator=gen, dtype=torch.float64), 0)
@@ -177,7 +181,8 @@ def test_approx_kl_is_unbiased_for_kl_old_to_new_on_samples_from_old():
     assert m["approx_kl"] == pytest.approx(exact, rel=0.03)
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "token-sum", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize("agg", ["token-mean", "token-sum", "seq-mean-token-mean",
+                                 "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_gradient_is_zero_on_masked_tokens(agg):
     g = torch.Generator().manual_seed(3)
     B, T = 4, 6
@@ -195,7 +200,8 @@ def test_gradient_is_zero_on_masked_tokens(agg):
     assert_close(loss_junk, loss.detach())
 
 
-@pytest.mark.parametrize("kw", [{"epsilon": 0.2, "epsilon_high": 0.1}, {"dual_clip": 1.0}, {"dual_clip": 0.5}])
+@pytest.mark.parametrize("kw", [{"epsilon": 0.2, "epsilon_high": 0.1}, {"dual_clip": 1.0},
+                                {"dual_clip": 0.5}])
 def test_policy_loss_rejects_bad_clip_settings(kw):
     x = torch.zeros(1, 2, dtype=F64)
     with pytest.raises(ValueError):
@@ -276,7 +282,8 @@ def test_clip_region_hand_cases():
 
 
 def test_kl_estimators_hand_computed():
-    # x = ref - logp.  token 0: logp -1, ref -1.5 -> x = -0.5 ; token 1: logp -1, ref -0.3 -> x = 0.7
+    # x = ref - logp.  token 0: logp -1, ref -1.5 -> x = -0.5
+    #                  token 1: logp -1, ref -0.3 -> x = 0.7
     # k1 = -x:            [0.5, -0.7]        (k1 can be negative)
     # k2 = x^2/2:         [0.125, 0.245]
     # k3 = e^x - x - 1:   [0.6065307 - 0.5, 2.0137527 - 1.7] = [0.1065307, 0.3137527]
@@ -300,7 +307,8 @@ def test_k3_and_k2_are_nonnegative_and_zero_at_equal_policies():
 def test_kl_estimator_means_under_pi_k1_k3_unbiased_k2_biased():
     # pi = [.5, .3, .2], ref = [.2, .5, .3]
     # KL(pi||ref) = .5 ln 2.5 + .3 ln .6 + .2 ln(2/3) = .45815 - .15325 - .08109 = 0.223805
-    # E_pi[k2] = 1/2 sum pi (ln ref/pi)^2 = (.5*.83959 + .3*.26094 + .2*.16440)/2 = 0.265479 (bias .042)
+    # E_pi[k2] = 1/2 sum pi (ln ref/pi)^2 = (.5*.83959 + .3*.26094 + .2*.16440)/2 = 0.265479
+    #   (bias .042)
     pi = t([0.5, 0.3, 0.2])
     ref = t([0.2, 0.5, 0.3])
     true_kl = 0.22380465718564752

@@ -27,7 +27,8 @@ PROMPT = "7 4 + 8 3 ="  # 47 + 38, least-significant digit first
 
 
 def _ids(out):
-    """``apply_chat_template(tokenize=True)`` returns a dict (BatchEncoding) in transformers v5, a list before."""
+    """``apply_chat_template(tokenize=True)`` returns a dict (BatchEncoding) in transformers v5, a
+    list before."""
     return list(out["input_ids"] if isinstance(out, Mapping) else out)
 
 
@@ -39,7 +40,8 @@ def test_vocabulary_ids_are_fixed_and_contiguous(tokenizer, task):
     # specials first, in their fixed order, then the sorted words (task words + chat words)
     words = sorted(set(task.vocabulary()) | set(CHAT_WORDS))
     assert [vocab[t] for t in SPECIAL_TOKENS] == list(range(len(SPECIAL_TOKENS)))
-    assert [vocab[w] for w in words] == list(range(len(SPECIAL_TOKENS), len(SPECIAL_TOKENS) + len(words)))
+    first = len(SPECIAL_TOKENS)
+    assert [vocab[w] for w in words] == list(range(first, first + len(words)))
     assert sorted(vocab.values()) == list(range(len(tokenizer)))
     # building it again gives the same ids
     assert build_tokenizer(reversed(task.vocabulary())).get_vocab() == vocab
@@ -59,8 +61,9 @@ def test_encode_prepends_bos_and_decode_round_trips(tokenizer):
 
 def test_unknown_word_is_unk(tokenizer):
     ids = tokenizer("7 x 4 hello")["input_ids"]
-    assert ids == [tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids("7"), tokenizer.unk_token_id,
-                   tokenizer.convert_tokens_to_ids("4"), tokenizer.unk_token_id]
+    assert ids == [tokenizer.bos_token_id, tokenizer.convert_tokens_to_ids("7"),
+                   tokenizer.unk_token_id, tokenizer.convert_tokens_to_ids("4"),
+                   tokenizer.unk_token_id]
 
 
 def test_padding_is_on_the_left(tokenizer):
@@ -112,9 +115,11 @@ def test_extra_special_tokens_get_ids_after_the_fixed_specials(task):
 
 def test_count_parameters_counts_tied_embeddings_once(model, tokenizer):
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    V, H, I, L = len(tokenizer), TINY_MODEL["hidden_size"], TINY_MODEL["intermediate_size"], TINY_MODEL["num_hidden_layers"]
+    V, H = len(tokenizer), TINY_MODEL["hidden_size"]
+    I, L = TINY_MODEL["intermediate_size"], TINY_MODEL["num_hidden_layers"]
     kv = H // TINY_MODEL["num_attention_heads"] * TINY_MODEL["num_key_value_heads"]
-    per_layer = H * H + 2 * H * kv + H * H + 3 * H * I + 2 * H  # q, k+v, o, gate/up/down, two RMSNorms
+    # q, k+v, o, gate/up/down, two RMSNorms
+    per_layer = H * H + 2 * H * kv + H * H + 3 * H * I + 2 * H
     expected = V * H + L * per_layer + H  # one embedding matrix (tied with lm_head), final norm
     assert count_parameters(model) == expected == 19264
     with_duplicates = sum(p.numel() for _, p in model.named_parameters(remove_duplicate=False))
@@ -131,7 +136,8 @@ def test_build_model_is_seeded_and_samples_from_the_policy(tokenizer):
     assert not all(torch.equal(sa[k], sc[k]) for k in sa)
     g = a.generation_config
     assert (g.do_sample, g.temperature, g.top_k, g.top_p) == (True, 1.0, 0, 1.0)
-    assert (g.pad_token_id, g.eos_token_id, g.bos_token_id) == (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+    ids = (tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id)
+    assert (g.pad_token_id, g.eos_token_id, g.bos_token_id) == ids
     assert a.config.vocab_size == len(tokenizer)
 
 
@@ -214,8 +220,10 @@ def test_add_lora_trains_only_adapters_and_starts_as_identity(model, tokenizer):
     assert n_trainable < count_parameters(lora)
     lora.eval()
     with torch.no_grad():
-        assert torch.equal(lora(**enc).logits, before)  # B = 0 at init: the adapter adds exactly nothing
+        # B = 0 at init: the adapter adds exactly nothing
+        assert torch.equal(lora(**enc).logits, before)
         for n, p in lora.named_parameters():
             if "lora_B" in n:
                 p.fill_(0.5)
-        assert not torch.allclose(lora(**enc).logits, before)  # ...and it is really in the forward pass
+        # ...and it is really in the forward pass
+        assert not torch.allclose(lora(**enc).logits, before)

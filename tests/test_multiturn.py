@@ -1,8 +1,9 @@
-"""The multi-turn agent loop: masks, rewards and turn ids of the Batch; that the log-probs recorded while
-sampling (KV cache reused across turns, masked pads in the middle of rows) are the log-probs the loss
-recomputes on the compacted batch; that the cached and the naive loop sample the same tokens; that the
-rollout's preallocated history and in-place KV cache give bit-identical results to transformers' own
-cache; and that malformed, overlong or finished episodes are handled per the environment.
+"""The multi-turn agent loop: masks, rewards and turn ids of the Batch; that the log-probs recorded
+while sampling (KV cache reused across turns, masked pads in the middle of rows) are the log-probs
+the loss recomputes on the compacted batch; that the cached and the naive loop sample the same
+tokens; that the rollout's preallocated history and in-place KV cache give bit-identical results to
+transformers' own cache; and that malformed, overlong or finished episodes are handled per the
+environment.
 
 Everything runs against a small mock environment defined here (a corridor), not a real env module.
 """
@@ -13,21 +14,21 @@ import pytest
 import torch
 
 from agentic_rl.envs import MultiTurnEnv
-from agentic_rl.models import build_model, build_tokenizer
+from agentic_rl.models import build_tokenizer
 from agentic_rl.multiturn import rollout_multiturn
 from agentic_rl.rollout import Batch, sequence_logprobs
 
-TINY = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)
+from testkit import tiny_model
 
 
 class Corridor:
     """Positions 0..length-1, start ``seed % 3``; reward 1 and success on reaching the last cell.
 
-    Observations have different lengths (an optional ``you are at`` prefix, a ``wall`` note after a bump)
-    so observation chunks need padding. ``strict``: the action must be exactly ``left`` or ``right``,
-    anything else is malformed (episode ends, reward -0.1, ``format_ok`` False). Lenient: the last
-    ``left``/``right`` word of the action counts, none means "stay". After ``max_turns`` turns the env
-    truncates. Stepping a finished episode is a test failure.
+    Observations have different lengths (an optional ``you are at`` prefix, a ``wall`` note after a
+    bump) so observation chunks need padding. ``strict``: the action must be exactly ``left`` or
+    ``right``, anything else is malformed (episode ends, reward -0.1, ``format_ok`` False). Lenient:
+    the last ``left``/``right`` word of the action counts, none means "stay". After ``max_turns``
+    turns the env truncates. Stepping a finished episode is a test failure.
     """
 
     name = "corridor"
@@ -38,14 +39,16 @@ class Corridor:
         self.calls = 0
 
     def vocabulary(self) -> list[str]:
-        return ["you", "are", "at", "pos", "wall", "left", "right", "<action>", "</action>"] + [str(i) for i in range(self.length)]
+        words = ["you", "are", "at", "pos", "wall", "left", "right", "<action>", "</action>"]
+        return words + [str(i) for i in range(self.length)]
 
     def reset(self, seed: int) -> str:
         self.pos, self.t, self.done, self.calls = seed % 3, 0, False, 0
         return self._obs(bumped=False)
 
     def _obs(self, bumped: bool) -> str:
-        words = ["you", "are", "at"] * (self.pos % 2) + ["wall"] * bumped + ["pos", str(self.pos), "<action>"]
+        words = ["you", "are", "at"] * (self.pos % 2) + ["wall"] * bumped
+        words += ["pos", str(self.pos), "<action>"]
         return " ".join(words)
 
     def step(self, action_text: str):
@@ -57,7 +60,8 @@ class Corridor:
             move = words[0] if len(words) == 1 and words[0] in ("left", "right") else None
             if move is None:
                 self.done = True
-                return "", -0.1, True, dict(terminated=True, truncated=False, format_ok=False, success=False)
+                return "", -0.1, True, dict(terminated=True, truncated=False, format_ok=False,
+                                            success=False)
         else:
             moves = [w for w in words if w in ("left", "right")]
             move = moves[-1] if moves else None
@@ -66,17 +70,20 @@ class Corridor:
         self.pos = min(max(new, 0), self.length - 1)
         if self.pos == self.length - 1:
             self.done = True
-            return "", 1.0, True, dict(terminated=True, truncated=False, format_ok=True, success=True)
+            return "", 1.0, True, dict(terminated=True, truncated=False, format_ok=True,
+                                       success=True)
         truncated = self.t >= self.max_turns
         self.done = truncated
-        return self._obs(bumped), 0.0, truncated, dict(terminated=False, truncated=truncated, format_ok=True, success=False)
+        return self._obs(bumped), 0.0, truncated, dict(terminated=False, truncated=truncated,
+                                                       format_ok=True, success=False)
 
     def expert_action(self) -> str:
         return "right"
 
 
 class Biased(torch.nn.Module):
-    """A policy that prefers some tokens: the tiny model's logits plus a fixed bias (so episodes last)."""
+    """A policy that prefers some tokens: the tiny model's logits plus a fixed bias (so episodes
+    last)."""
 
     def __init__(self, model, bias: torch.Tensor):
         super().__init__()
@@ -97,7 +104,7 @@ def ctok():
 
 @pytest.fixture(scope="module")
 def raw_model(ctok):
-    return build_model(ctok, seed=0, **TINY)
+    return tiny_model(ctok)
 
 
 def _biased(ctok, model, strength=3.0, words=("left", "right", "</action>")):
@@ -113,7 +120,8 @@ def policy(ctok, raw_model):
 
 
 def _envs(n, **kw):
-    # different turn limits per row, so episodes have different lengths even without reaching the goal
+    # different turn limits per row, so episodes have different lengths even without reaching the
+    # goal
     return [Corridor(max_turns=2 + i % 4, **kw) for i in range(n)]
 
 
@@ -123,8 +131,10 @@ def _run(model, tok, n=12, seed=0, envs=None, **kw):
     return rollout_multiturn(model, tok, envs, list(range(len(envs))), **kw), envs
 
 
-def _replay(batch: Batch, tok, envs_fresh, seeds, *, max_action_tokens, max_turns=None, stop_word="</action>"):
-    """Rebuild every row from the env's own answers to the sampled actions; check the row equals it."""
+def _replay(batch: Batch, tok, envs_fresh, seeds, *, max_action_tokens, max_turns=None,
+            stop_word="</action>"):
+    """Rebuild every row from the env's own answers to the sampled actions; check the row equals
+    it."""
     stop = tok.convert_tokens_to_ids(stop_word)
     eos, pad = tok.eos_token_id, tok.pad_token_id
     for i, (env, seed) in enumerate(zip(envs_fresh, seeds)):
@@ -178,7 +188,7 @@ def _replay(batch: Batch, tok, envs_fresh, seeds, *, max_action_tokens, max_turn
         assert max(tids) == t - 1
 
 
-# ---------------------------------------------------------------------------------------------------
+# -------------------------------------------------------------------------------------------------
 
 
 def test_mock_env_implements_protocol():
@@ -188,12 +198,16 @@ def test_mock_env_implements_protocol():
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("reuse_cache", [True, False])
 def test_recorded_logprobs_equal_sequence_logprobs(ctok, policy, temperature, reuse_cache):
-    """The key invariant: what sampling recorded (cached, pads in the middle) is what the loss recomputes."""
-    batch, _ = _run(policy, ctok, n=16, seed=1, temperature=temperature, reuse_cache=reuse_cache, max_action_tokens=3)
+    """The key invariant: what sampling recorded (cached, pads in the middle) is what the loss
+    recomputes."""
+    batch, _ = _run(policy, ctok, n=16, seed=1, temperature=temperature, reuse_cache=reuse_cache,
+                    max_action_tokens=3)
     # the test is only meaningful if episodes really have several turns and different lengths
-    assert batch.extras["num_turns"].max() >= 3 and len(set(batch.extras["num_turns"].tolist())) >= 2
+    turns = batch.extras["num_turns"]
+    assert turns.max() >= 3 and len(set(turns.tolist())) >= 2
     with torch.no_grad():
-        lp = sequence_logprobs(policy, batch.input_ids, batch.attention_mask, temperature=temperature)
+        lp = sequence_logprobs(policy, batch.input_ids, batch.attention_mask,
+                               temperature=temperature)
     m = batch.loss_mask.bool()
     torch.testing.assert_close(batch.old_logprobs[m], lp[m], atol=1e-5, rtol=0)
     assert (batch.old_logprobs[~m] == 0).all()
@@ -204,7 +218,8 @@ def test_batch_layout_matches_replay(ctok, policy):
     """Masks, turn ids, rewards, texts and episode facts, rebuilt independently from the env."""
     for seed in range(3):
         batch, envs = _run(policy, ctok, n=12, seed=seed, max_action_tokens=3)
-        assert len(batch) == 12 and batch.input_ids.shape == batch.loss_mask.shape == batch.turn_ids.shape
+        assert len(batch) == 12
+        assert batch.input_ids.shape == batch.loss_mask.shape == batch.turn_ids.shape
         assert batch.group_id.tolist() == list(range(12))
         assert torch.equal(batch.scores, batch.extras["episode_return"])
         _replay(batch, ctok, _envs(12), list(range(12)), max_action_tokens=3)
@@ -219,24 +234,27 @@ def test_masks_and_rewards_positions(ctok, policy):
     assert torch.equal(lm.bool(), tids >= 0)
     assert (lm <= am).all() and (lm[:, 0] == 0).all()
     assert (batch.input_ids[:, 0] == ctok.bos_token_id).all()
-    # observation tokens are never in the loss (an action may sample the same words, so check the layout:
-    # every turn starts right after an observation's closing <action>, which has loss_mask 0)
+    # observation tokens are never in the loss (an action may sample the same words, so check the
+    # layout: every turn starts right after an observation's closing <action>, out of the loss)
     action_tag = ctok.convert_tokens_to_ids("<action>")
     for i in range(len(batch)):
         n = int(am[i].sum())
         row, t = batch.input_ids[i, :n].tolist(), tids[i, :n].tolist()
         for c in range(1, n):
-            if t[c] >= 0 and t[c - 1] < 0:  # first token of a turn: right after an observation's <action>
+            # first token of a turn: right after an observation's <action>
+            if t[c] >= 0 and t[c - 1] < 0:
                 assert row[c - 1] == action_tag and lm[i, c - 1] == 0
         # turn ids are non-decreasing along generated tokens and consecutive from 0
         turns = [x for x in t if x >= 0]
-        assert turns == sorted(turns) and sorted(set(turns)) == list(range(int(batch.extras["num_turns"][i])))
+        assert turns == sorted(turns)
+        assert sorted(set(turns)) == list(range(int(batch.extras["num_turns"][i])))
         # rewards sit on the last generated token of a turn, and the turn_end extras point there
         ends = batch.extras["turn_end"][i]
         assert len(ends) == len(set(turns))
         for k, c in enumerate(ends):
             assert t[c] == k and (c + 1 == n or t[c + 1] != k)
-            assert batch.token_rewards[i, c].item() == pytest.approx(batch.extras["turn_rewards"][i][k])
+            reward = batch.extras["turn_rewards"][i][k]
+            assert batch.token_rewards[i, c].item() == pytest.approx(reward)
         nz = batch.token_rewards[i].nonzero().squeeze(1).tolist()
         assert set(nz) <= set(ends)
 
@@ -256,7 +274,8 @@ def test_malformed_and_overlong_actions_end_episode_per_env(ctok, raw_model):
     """An untrained policy writes junk: a strict env ends those episodes with a format penalty."""
     envs = [Corridor(strict=True) for _ in range(16)]
     batch, envs = _run(raw_model, ctok, envs=envs, seed=0, max_action_tokens=2)
-    _replay(batch, ctok, [Corridor(strict=True) for _ in range(16)], list(range(16)), max_action_tokens=2)
+    _replay(batch, ctok, [Corridor(strict=True) for _ in range(16)], list(range(16)),
+            max_action_tokens=2)
     bad = ~batch.format_ok
     assert bad.any()
     assert batch.extras["terminated"][bad].all() and not batch.extras["truncated"][bad].any()
@@ -266,7 +285,8 @@ def test_malformed_and_overlong_actions_end_episode_per_env(ctok, raw_model):
         last = batch.extras["turn_end"][i][-1]
         assert batch.token_rewards[i, last].item() == pytest.approx(-0.1)
         assert int(batch.loss_mask[i].nonzero().max()) == last
-    # actions cut at max_action_tokens without a stop word are counted, and the env just got the text
+    # actions cut at max_action_tokens without a stop word are counted, and the env just got the
+    # text
     assert batch.extras["missing_stop"].sum() > 0
     with torch.no_grad():
         lp = sequence_logprobs(raw_model, batch.input_ids, batch.attention_mask)
@@ -281,13 +301,15 @@ def test_single_token_actions_and_junk_never_crash(ctok, raw_model):
 
 
 def test_max_turns_below_env_limit_truncates(ctok, policy):
-    envs = [Corridor(length=50, max_turns=10) for _ in range(6)]  # the goal is out of reach in 2 turns
+    # the goal is out of reach in 2 turns
+    envs = [Corridor(length=50, max_turns=10) for _ in range(6)]
     batch, envs = _run(policy, ctok, envs=envs, seed=0, max_turns=2, max_action_tokens=3)
     assert batch.extras["num_turns"].tolist() == [2] * 6
     assert batch.extras["truncated"].all() and not batch.extras["terminated"].any()
     assert not batch.correct.any()
     assert [e.calls for e in envs] == [2] * 6
-    _replay(batch, ctok, [Corridor(length=50, max_turns=10) for _ in range(6)], list(range(6)), max_action_tokens=3, max_turns=2)
+    _replay(batch, ctok, [Corridor(length=50, max_turns=10) for _ in range(6)], list(range(6)),
+            max_action_tokens=3, max_turns=2)
 
 
 def test_env_truncation_and_success_flags(ctok, policy):
@@ -295,7 +317,8 @@ def test_env_truncation_and_success_flags(ctok, policy):
     limits = torch.tensor([e.max_turns for e in envs])
     nt = batch.extras["num_turns"]
     assert (nt <= limits).all()
-    succ, trunc, term = batch.extras["success"], batch.extras["truncated"], batch.extras["terminated"]
+    succ, trunc = batch.extras["success"], batch.extras["truncated"]
+    term = batch.extras["terminated"]
     assert torch.equal(succ, batch.correct)
     assert not (trunc & term).any() and (trunc | term).all()
     assert (nt[trunc] == limits[trunc]).all()
@@ -320,7 +343,9 @@ def test_greedy_is_deterministic(ctok, policy):
     assert torch.equal(a.input_ids, b.input_ids) and torch.equal(a.input_ids, c.input_ids)
     # each greedy token is the argmax of the policy given its context in the compacted batch
     with torch.no_grad():
-        logits = policy(input_ids=a.input_ids, attention_mask=a.attention_mask, position_ids=(a.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits
+        position_ids = (a.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        logits = policy(input_ids=a.input_ids, attention_mask=a.attention_mask,
+                        position_ids=position_ids).logits
     m = a.loss_mask[:, 1:].bool()
     assert torch.equal(logits[:, :-1].argmax(-1)[m], a.input_ids[:, 1:][m])
 
@@ -346,24 +371,27 @@ def test_gradient_only_through_generated_tokens(ctok, raw_model):
     assert (g[batch.loss_mask == 0] == 0).all()
     assert (g[batch.loss_mask == 1] == 1).all()
     grads = [p.grad for p in raw_model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(x).all() for x in grads) and any(x.abs().sum() > 0 for x in grads)
+    assert grads and all(torch.isfinite(x).all() for x in grads)
+    assert any(x.abs().sum() > 0 for x in grads)
     raw_model.zero_grad(set_to_none=True)
     policy.eval()
 
 
 def test_model_mode_restored_and_ref_logprobs(ctok):
-    model = build_model(ctok, seed=1, **TINY)
-    ref = build_model(ctok, seed=2, **TINY)
+    model, ref = tiny_model(ctok, seed=1), tiny_model(ctok, seed=2)
     model.train()
     ref.train()
-    batch, _ = _run(model, ctok, n=6, seed=0, ref_model=ref, temperature=0.8, group_ids=[0, 0, 0, 1, 1, 1], max_action_tokens=2)
+    batch, _ = _run(model, ctok, n=6, seed=0, ref_model=ref, temperature=0.8,
+                    group_ids=[0, 0, 0, 1, 1, 1], max_action_tokens=2)
     assert model.training and ref.training
     assert batch.group_id.tolist() == [0, 0, 0, 1, 1, 1]
     with torch.no_grad():
-        expected = sequence_logprobs(ref, batch.input_ids, batch.attention_mask, temperature=0.8) * batch.loss_mask
+        expected = sequence_logprobs(ref, batch.input_ids, batch.attention_mask, temperature=0.8)
+        expected = expected * batch.loss_mask
     torch.testing.assert_close(batch.ref_logprobs, expected)
     # the same model as reference gives the recorded old log-probs
-    batch2, _ = _run(model, ctok, n=6, seed=0, ref_model=model, temperature=0.8, max_action_tokens=2)
+    batch2, _ = _run(model, ctok, n=6, seed=0, ref_model=model, temperature=0.8,
+                     max_action_tokens=2)
     torch.testing.assert_close(batch2.ref_logprobs, batch2.old_logprobs, atol=1e-5, rtol=0)
 
 
@@ -376,10 +404,12 @@ def test_extras_are_row_tensors(ctok, policy):
 
 
 def test_multi_token_stop_word(ctok, policy):
-    """A stop word of several tokens (as with a BPE tokenizer) ends the action when all of it is emitted."""
+    """A stop word of several tokens (as with a BPE tokenizer) ends the action when all of it is
+    emitted."""
     torch.manual_seed(0)
     envs = _envs(8)
-    batch = rollout_multiturn(policy, ctok, envs, list(range(8)), stop_word="</action> </action>", max_action_tokens=4)
+    batch = rollout_multiturn(policy, ctok, envs, list(range(8)), stop_word="</action> </action>",
+                              max_action_tokens=4)
     stop = ctok.convert_tokens_to_ids("</action>")
     for i in range(8):
         row, t = batch.input_ids[i].tolist(), batch.turn_ids[i].tolist()

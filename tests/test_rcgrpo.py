@@ -16,7 +16,7 @@ from agentic_rl.cli import main
 from agentic_rl.config import ConfigError
 from agentic_rl.rcgrpo import RCGRPOConfig
 from agentic_rl.envs import FileSystemEnv
-from agentic_rl.models import add_lora, add_special_tokens, build_model, build_tokenizer
+from agentic_rl.models import add_lora, add_special_tokens, build_tokenizer
 from agentic_rl.rcgrpo import (
     ARMS,
     RCGRPOTrainer,
@@ -29,27 +29,9 @@ from agentic_rl.rcgrpo import (
 )
 from agentic_rl.utils import setup
 
+from testkit import tiny, tiny_model, tiny_values
+
 HIGH, LOW = "<|high_reward|>", "<|low_reward|>"
-TINY = dict(
-    hidden_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    intermediate_size=64,
-    sft_steps=2,
-    sft_batch_size=4,
-    max_steps=2,
-    prompts_per_step=2,
-    num_generations=4,
-    eval_size=4,
-    eval_samples=2,
-    device="cpu",
-    disable_tqdm=True,
-)
-
-
-def tiny(**overrides) -> RCGRPOConfig:
-    return RCGRPOConfig.from_profile("quick", **{**TINY, **overrides})
 
 
 def reward_ids(tokenizer) -> list[int]:
@@ -96,8 +78,8 @@ def test_defaults_profiles_and_arms_are_valid():
     for profile in RCGRPOConfig.PROFILES:
         RCGRPOConfig.from_profile(profile).check_environment()
     for fields in ARMS.values():
-        tiny(**fields)
-    tiny(token_assignment="split", p_high=0.25, demo_hard_fraction=None, max_turns=4)
+        tiny("rcgrpo", **fields)
+    tiny("rcgrpo", token_assignment="split", p_high=0.25, demo_hard_fraction=None, max_turns=4)
 
 
 @pytest.mark.parametrize(
@@ -142,7 +124,7 @@ def test_a_reward_token_that_the_tokenizer_already_has_is_refused(token):
 
 
 def test_trainer_adds_both_reward_tokens_as_single_ids():
-    t = RCGRPOTrainer(tiny(sft_steps=0))
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_steps=0))
     tok = t.tokenizer
     high, low = reward_ids(tok)
     assert high != low and tok.unk_token_id not in (high, low)
@@ -159,15 +141,7 @@ def test_trainer_adds_both_reward_tokens_as_single_ids():
 
 def test_add_special_tokens_grows_the_embedding_and_keeps_the_old_rows():
     tok = build_tokenizer(FileSystemEnv().vocabulary())
-    model = build_model(
-        tok,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        seed=0,
-    )
+    model = tiny_model(tok, num_hidden_layers=1)
     n = len(tok)
     old = model.get_input_embeddings().weight.detach().clone()
     assert old.shape[0] == n
@@ -189,7 +163,7 @@ def test_add_special_tokens_grows_the_embedding_and_keeps_the_old_rows():
 
 def test_with_lora_the_reward_token_rows_train_and_the_base_stays_frozen():
     setup(0)
-    t = RCGRPOTrainer(tiny(use_lora=True, sft_steps=3, sft_batch_size=8))
+    t = RCGRPOTrainer(tiny("rcgrpo", use_lora=True, sft_steps=3, sft_batch_size=8))
     high, low = reward_ids(t.tokenizer)
     trainable = {n: p for n, p in t.model.named_parameters() if p.requires_grad}
     tokens = {n: p for n, p in trainable.items() if "trainable_tokens" in n}
@@ -209,15 +183,7 @@ def test_with_lora_the_reward_token_rows_train_and_the_base_stays_frozen():
 def test_add_lora_trains_the_given_token_rows_only():
     def grown():
         tok = build_tokenizer(FileSystemEnv().vocabulary())
-        model = build_model(
-            tok,
-            hidden_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=1,
-            intermediate_size=64,
-            seed=0,
-        )
+        model = tiny_model(tok, num_hidden_layers=1)
         return model, add_special_tokens(model, tok, [HIGH, LOW])
 
     for ids in (None, []):
@@ -236,23 +202,15 @@ def test_add_lora_trains_the_given_token_rows_only():
 
 def test_a_given_tokenizer_without_the_tokens_is_refused():
     tok = build_tokenizer(FileSystemEnv().vocabulary())
-    model = build_model(
-        tok,
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        seed=0,
-    )
+    model = tiny_model(tok, num_hidden_layers=1)
     with pytest.raises(ConfigError, match="^high_token: ") as exc:
-        RCGRPOTrainer(tiny(), model=model, tokenizer=tok)
+        RCGRPOTrainer(tiny("rcgrpo"), model=model, tokenizer=tok)
     assert exc.value.field == "high_token"
     add_special_tokens(model, tok, [HIGH])
     with pytest.raises(ConfigError, match="^low_token: "):
-        RCGRPOTrainer(tiny(), model=model, tokenizer=tok)
+        RCGRPOTrainer(tiny("rcgrpo"), model=model, tokenizer=tok)
     add_special_tokens(model, tok, [LOW])
-    t = RCGRPOTrainer(tiny(sft_steps=0), model=model, tokenizer=tok)  # now it is accepted
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_steps=0), model=model, tokenizer=tok)  # now it is accepted
     assert t.model is model and reward_ids(t.tokenizer) == [len(tok) - 2, len(tok) - 1]
 
 
@@ -432,7 +390,7 @@ def _recording(trainer) -> list[tuple[int, bool]]:
 
 def test_rctp_rows_carry_the_token_of_their_outcome():
     setup(0)
-    t = RCGRPOTrainer(tiny(sft_batch_size=24, demo_hard_fraction=0.5))
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_batch_size=24, demo_hard_fraction=0.5))
     high, low = reward_ids(t.tokenizer)
     seen = _recording(t)
     b = t.sft_batch()
@@ -455,7 +413,7 @@ def test_rctp_rows_carry_the_token_of_their_outcome():
 
 def test_sft_rows_have_no_token_and_only_successful_trajectories():
     setup(0)
-    t = RCGRPOTrainer(tiny(warm_start="sft", conditioning="none", sft_batch_size=12))
+    t = RCGRPOTrainer(tiny("rcgrpo", warm_start="sft", conditioning="none", sft_batch_size=12))
     seen = _recording(t)
     b = t.sft_batch()
     kept = [seed for seed, success in seen if success]
@@ -472,8 +430,10 @@ def test_success_matched_rctp_sees_every_success_sft_sees_plus_the_failures(step
     setup(0)
     batches = {}
     for warm in ("sft", "rctp"):
-        t = RCGRPOTrainer(tiny(warm_start=warm, conditioning="none" if warm == "sft" else "high",
-                               sft_batch_size=16))
+        conditioning = "none" if warm == "sft" else "high"
+        t = RCGRPOTrainer(
+            tiny("rcgrpo", warm_start=warm, conditioning=conditioning, sft_batch_size=16)
+        )
         t.step = step
         seen = _recording(t)
         batches[warm] = (t.sft_batch(), seen)
@@ -488,14 +448,14 @@ def test_success_matched_rctp_sees_every_success_sft_sees_plus_the_failures(step
 
 def test_step_matched_rctp_sees_as_many_trajectories_as_sft_and_fewer_successes():
     setup(0)
-    t = RCGRPOTrainer(tiny(warm_start_budget="steps", sft_batch_size=16))
+    t = RCGRPOTrainer(tiny("rcgrpo", warm_start_budget="steps", sft_batch_size=16))
     seen = _recording(t)
     assert len(t.sft_batch()) == len(seen) == 16 and 0 < sum(s for _, s in seen) < 16
 
 
 def test_a_warm_start_that_never_succeeds_is_refused_naming_the_field():
     setup(0)
-    t = RCGRPOTrainer(tiny(sft_batch_size=2))
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_batch_size=2))
     original = t.demo_env.demonstration
 
     def failing(seed, rng, error_rate=0.0):
@@ -514,7 +474,7 @@ def test_arms_share_their_task_stream_whatever_the_warm_start_and_the_token_draw
         if fields.get("beta") or "RCTPstep" in arm:
             continue
         setup(0)
-        t = RCGRPOTrainer(tiny(sft_steps=3, max_steps=2, **fields))
+        t = RCGRPOTrainer(tiny("rcgrpo", sft_steps=3, max_steps=2, **fields))
         t.sft()
         drawn = []
         t.play = lambda s, **kw: drawn.append(list(s)) or RCGRPOTrainer.play(t, s, **kw)
@@ -528,7 +488,7 @@ def test_arms_share_their_task_stream_whatever_the_warm_start_and_the_token_draw
 def test_warm_start_draws_hard_tasks_at_demo_hard_fraction():
     setup(0)
     for share, expected in ((0.0, {"easy"}), (1.0, {"hard"})):
-        t = RCGRPOTrainer(tiny(sft_batch_size=8, demo_hard_fraction=share))
+        t = RCGRPOTrainer(tiny("rcgrpo", sft_batch_size=8, demo_hard_fraction=share))
         seen = _recording(t)
         t.sft_batch()
         assert {t.demo_env.task_family(seed) for seed, _ in seen} == expected
@@ -538,7 +498,7 @@ def test_warm_start_draws_hard_tasks_at_demo_hard_fraction():
 def test_warm_start_with_a_single_family_ends(hard_fraction):
     # the warm start draws its tasks from its own env (demo_hard_fraction), whatever RL's mix is
     setup(0)
-    t = RCGRPOTrainer(tiny(hard_fraction=hard_fraction, sft_batch_size=64))
+    t = RCGRPOTrainer(tiny("rcgrpo", hard_fraction=hard_fraction, sft_batch_size=64))
     assert len(t.sft_batch()) >= 64
     assert t.demo_env.hard_fraction == t.config.demo_hard_fraction
     batch = t.rollout()
@@ -569,7 +529,7 @@ def _check_conditioning(t, batch, expect_high):
 @pytest.mark.parametrize("assignment", ["bernoulli", "split"])
 def test_mixed_rollout_tokens_match_extras(assignment):
     setup(0)
-    c = tiny(sft_steps=0, prompts_per_step=4, token_assignment=assignment, p_high=0.25)
+    c = tiny("rcgrpo", sft_steps=0, prompts_per_step=4, token_assignment=assignment, p_high=0.25)
     t = RCGRPOTrainer(c)
     b = t.rollout()
     assert len(b) == 16 and b.group_id.tolist() == [g for g in range(4) for _ in range(4)]
@@ -594,11 +554,11 @@ def test_mixed_rollout_tokens_match_extras(assignment):
 
 def test_high_and_none_rollouts():
     setup(0)
-    t = RCGRPOTrainer(tiny(sft_steps=0, conditioning="high"))
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_steps=0, conditioning="high"))
     b = t.rollout()
     assert b.extras["high"].all()
     _check_conditioning(t, b, True)
-    t = RCGRPOTrainer(tiny(sft_steps=0, warm_start="sft", conditioning="none"))
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_steps=0, warm_start="sft", conditioning="none"))
     assert not t.uses_tokens
     b = t.rollout()
     assert not b.extras["high"].any()
@@ -606,15 +566,15 @@ def test_high_and_none_rollouts():
     # evaluation under the token only when the run uses tokens
     b = t.play([1, 2], group_size=2)
     _check_conditioning(t, b, None)
-    t = RCGRPOTrainer(tiny(sft_steps=0, warm_start="sft", conditioning="mixed"))
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_steps=0, warm_start="sft", conditioning="mixed"))
     assert t.uses_tokens
     _check_conditioning(t, t.play([1, 2], group_size=2), True)
-    _check_conditioning(t, t.play([1, 2], tokens=[LOW, LOW]), False)
+    _check_conditioning(t, t.play([1, 2], envs=t.conditioned_envs([LOW, LOW])), False)
 
 
 def test_rollout_metrics_and_frac_reward_zero_std_in_a_training_row():
     setup(0)
-    t = RCGRPOTrainer(tiny(sft_steps=0))
+    t = RCGRPOTrainer(tiny("rcgrpo", sft_steps=0))
     row = t.rl_step()
     for key in (
         "zero_std_easy",
@@ -643,7 +603,7 @@ HISTORY_KEYS = {
 
 def test_run_arms_trains_the_four_arms_from_shared_warm_starts():
     setup(0)
-    c = tiny(sft_steps=3)
+    c = tiny("rcgrpo", sft_steps=3)
     arms = run_arms(c)
     assert list(arms) == list(ARMS)
     for name, t in arms.items():
@@ -667,14 +627,16 @@ def test_run_arms_trains_the_four_arms_from_shared_warm_starts():
     assert rctp.sft_history != arms["SFT -> GRPO"].sft_history
     assert rctp.evals["before"] == rc.evals["before"]
     with pytest.raises(ConfigError, match="^output_dir: ") as exc:
-        run_arms(tiny(output_dir="somewhere"))
+        run_arms(tiny("rcgrpo", output_dir="somewhere"))
     assert exc.value.field == "output_dir"
     assert not os.path.exists("somewhere")
 
 
 def test_run_arms_with_a_subset_of_arms():
     setup(0)
-    arms = run_arms(tiny(max_steps=1), {"mine": dict(warm_start="sft", conditioning="high")})
+    arms = run_arms(
+        tiny("rcgrpo", max_steps=1), {"mine": dict(warm_start="sft", conditioning="high")}
+    )
     assert list(arms) == ["mine"] and arms["mine"].evals["after"]["separation"] is not None
 
 
@@ -684,7 +646,7 @@ def test_run_arms_with_a_subset_of_arms():
 def test_cli_runs_the_rcgrpo_recipe_and_a_finished_run_changes_nothing(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["rcgrpo", "--output-dir", str(out), "--token-assignment", "split"]
-    for k, v in TINY.items():
+    for k, v in tiny_values("rcgrpo").items():
         argv += [f"--{k.replace('_', '-')}", str(v).lower() if isinstance(v, bool) else str(v)]
     assert main(argv) == 0
     stdout = capsys.readouterr().out

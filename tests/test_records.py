@@ -121,7 +121,8 @@ def test_sweep_runs_every_cell_in_parallel_and_records_provenance(fake_lab):
     assert rec.values("a", "score") == pytest.approx([0.0, 0.1, 0.2])
     assert rec.paired("a", "b, bonus", "score").mean == pytest.approx(0.25)
     prov = rec.data["provenance"]
-    for key in ("commit", "cpu_model", "instruction_set", "torch", "transformers", "date", "source"):
+    for key in ("commit", "cpu_model", "instruction_set", "torch", "transformers", "date",
+                "source"):
         assert prov[key], key
     assert rec.histories("b, bonus", ["score"])[1] == [
         {"step": 1, "score": 0.0}, {"step": 2, "score": 0.175}, {"step": 3, "score": 0.35}]

@@ -16,12 +16,15 @@ import textwrap
 import pytest
 import test_hardening
 
+from agentic_rl.agent import AgentTrainer
 from agentic_rl.cli import RECIPES, main, recipe
 from agentic_rl.config import (
     AgentFields, CriticFields, FrozenLakeFields, HouseholdFields, RLConfig,
 )  # fmt: skip
 from agentic_rl.grpo import GRPOConfig
 from agentic_rl.train import Trainer
+
+from testkit import TINY_RECIPE, tiny
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[1] / "src" / "agentic_rl"
 REQUIRED_HOOKS = ("make_task", "make_eval_set", "sft_batch", "rollout", "evaluate")
@@ -64,26 +67,39 @@ def test_every_flag_of_a_recipe_is_read_by_the_package(name):
         assert read, f"{name}: the field {f.name!r} is never read"
 
 
-def test_mixin_fields_only_where_the_recipe_uses_them():
-    names = {name: {f.name for f in dataclasses.fields(recipe(name).CONFIG)} for name in RECIPES}
-    lake = {f.name for f in dataclasses.fields(FrozenLakeFields)} - {
-        f.name for f in dataclasses.fields(RLConfig)
-    }
-    critic = {f.name for f in dataclasses.fields(CriticFields)} - {
-        f.name for f in dataclasses.fields(RLConfig)
-    }
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_mixin_fields_only_where_the_recipe_uses_them(name):
+    """A mixin's fields reach a recipe only where it uses them: FrozenLake's where the recipe runs
+    the lake (``RECIPE_ENVS``); the critic's, all of them, where ``'gae'`` trains a critic (the
+    :class:`AgentTrainer` builds one when ``uses_critic``)."""
+    config = recipe(name).CONFIG
+    names = {f.name for f in dataclasses.fields(config)}
+    base = {f.name for f in dataclasses.fields(RLConfig)}
+    lake = {f.name for f in dataclasses.fields(FrozenLakeFields)} - base
+    critic = {f.name for f in dataclasses.fields(CriticFields)} - base
     assert lake == {"map_size", "is_slippery", "p_frozen"}
     assert "gamma" in critic and "vf_coef" in critic
-    for name in ("rcgrpo", "gcd"):  # group-relative, not on FrozenLake: neither set
-        assert not names[name] & (lake | critic), name
-    assert not names["retool"] & lake  # ReTool may run PPO with a critic, never on a lake
-    for name in ("ppo", "starpo"):
-        assert lake | critic <= names[name], name
-    assert lake <= names["gigpo"]  # GiGPO runs on lakes, without a critic: its own gamma
-    assert not names["gigpo"] & (critic - {"gamma"})
-    for name in RECIPES:  # two base chapters: single-turn GRPO, multi-turn agents
-        config = recipe(name).CONFIG
-        assert issubclass(config, GRPOConfig) != issubclass(config, AgentFields), name
+    if "frozenlake" in getattr(config, "RECIPE_ENVS", ()):
+        assert lake <= names
+    else:
+        assert not names & lake
+    if names & (critic - {"gamma"}):  # (GiGPO has a gamma of its own, for its step returns)
+        assert critic <= names
+        assert issubclass(recipe(name).TRAINER, AgentTrainer)
+        assert config.from_profile("quick", advantage_estimator="gae").uses_critic
+    else:
+        assert not issubclass(config, CriticFields)
+    # two base chapters: single-turn GRPO, multi-turn agents
+    assert issubclass(config, GRPOConfig) != issubclass(config, AgentFields)
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_registered_recipe_has_a_tiny_config(name):
+    """``testkit.tiny(name)``, the tiny run the unit tests build on, exists for every recipe."""
+    assert name in TINY_RECIPE, f"add a row for {name!r} to testkit.TINY_RECIPE"
+    config = tiny(name)
+    assert type(config) is recipe(name).CONFIG
+    assert (config.hidden_size, config.num_hidden_layers, config.device) == (32, 1, "cpu")
 
 
 def _chapter_fields() -> set[str]:
@@ -196,3 +212,19 @@ def test_the_import_graph_has_no_circle():
     circles = sorted((a, b) for a in graph for b in graph[a] if reaches(b, a))
     assert not circles, f"import circles through these arrows: {circles}"
     assert not graph["agentic_rl.errors"], "errors.py imports nothing from the package"
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
+def test_the_hooks_keep_one_signature(name):
+    """``make_task(self, split="train", ...)`` everywhere, and one ``play`` for the multi-turn
+    chapters: another split, a reward token or the tool off travels in ``envs``."""
+    trainer = recipe(name).TRAINER
+    params = list(inspect.signature(trainer.make_task).parameters.values())
+    assert [p.name for p in params[:2]] == ["self", "split"] and params[1].default == "train"
+    assert all(p.kind is p.KEYWORD_ONLY for p in params[2:]), params
+    if issubclass(trainer, AgentTrainer):
+        def shape(play):
+            params = inspect.signature(play).parameters.values()
+            return [(p.name, p.kind, p.default) for p in params]
+
+        assert shape(trainer.play) == shape(AgentTrainer.play), name

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from agentic_rl import sandbox
-from agentic_rl.retool import ReToolConfig
 from agentic_rl.envs import MultiplyEnv, make_env
 from agentic_rl.envs.multiply import render_output, to_source
 from agentic_rl.multiturn import rollout_multiturn
@@ -24,21 +23,7 @@ from agentic_rl.retool import (
 )
 from agentic_rl.rollout import build_segments_batch, sequence_logprobs
 
-TINY = dict(
-    hidden_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    intermediate_size=64,
-    sft_steps=0,
-    prompts_per_step=4,
-    num_generations=2,
-    eval_size=4,
-    eval_samples=1,
-    max_steps=2,
-    disable_tqdm=True,
-    device="cpu",
-)
+from testkit import tiny
 
 
 def _result(**kw):
@@ -161,7 +146,7 @@ def test_demonstrations_mask_the_interpreter_and_are_consistent():
 def trained():
     """A tiny policy after a short cold start: it writes code and answers."""
     torch.manual_seed(0)
-    config = ReToolConfig(**{**TINY, "sft_steps": 150, "hidden_size": 64, "intermediate_size": 128})
+    config = tiny("retool", sft_steps=150, hidden_size=64, intermediate_size=128)
     trainer = ReToolTrainer(config)
     trainer.sft()
     yield trainer
@@ -339,9 +324,9 @@ def test_interpreter_span_from_the_tags_agrees_with_the_mask(trained):
 )  # fmt: skip
 def test_loss_denominator_refuses_what_it_does_not_support(override, field):
     with pytest.raises(ConfigError) as err:
-        ReToolConfig(**{**TINY, **override})
+        tiny("retool", **override)
     assert err.value.field == field
-    config = ReToolConfig(**TINY)
+    config = tiny("retool")
     with pytest.raises(ConfigError):  # a bad assignment is undone, before any compute
         config.loss_denominator = "tools"
     assert config.loss_denominator == "all"
@@ -350,7 +335,7 @@ def test_loss_denominator_refuses_what_it_does_not_support(override, field):
 def test_policy_denominator_needs_one_process(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(ConfigError, match="one process"):
-        ReToolConfig(**TINY, loss_denominator="policy")
+        tiny("retool", loss_denominator="policy")
 
 
 def test_policy_denominator_divides_by_the_policy_tokens_only(trained):
@@ -429,8 +414,9 @@ def test_resample_on_correct_keeps_clean_positives_and_some_negatives():
 def test_recipe_steps_with_both_estimators_and_both_arms(estimator):
     for mask in (True, False):
         extra = dict(num_generations=1) if estimator == "gae" else {}
-        config = ReToolConfig(
-            **{**TINY, **extra},
+        config = tiny(
+            "retool",
+            **extra,
             advantage_estimator=estimator,
             mask_interpreter=mask,
             grad_share_every=1,

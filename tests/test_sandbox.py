@@ -551,7 +551,7 @@ def test_network_namespace_alone_has_no_network(unhooked):
             listener.accept()
 
 
-# ---- The reliability review's attacks (shared/reviews/reliability.md, failures 1, 2, 6, 15, 17) ----
+# ---- The reliability review's attacks (shared/reviews/reliability.md, failures 1, 2, 6, 15, 17)
 #
 # Each ran against the sandbox before the kernel layers existed, and escaped or leaked. The report's
 # repro is the test where one was given. The first group goes through the whole sandbox (the
@@ -559,7 +559,8 @@ def test_network_namespace_alone_has_no_network(unhooked):
 # an attacker who already got past every Python-level guard: only the kernel's layers remain.
 
 needs_bwrap = pytest.mark.skipif(
-    BWRAP is None, reason="bubblewrap (bwrap) is not installed: no mount namespace, no seccomp filter"
+    BWRAP is None,
+    reason="bubblewrap (bwrap) is not installed: no mount namespace, no seccomp filter",
 )
 JAILED = "mount namespace" in sandbox.isolation()
 REPORT_CTYPES = (  # the report's repro of failure 1, as printed there
@@ -603,9 +604,8 @@ def test_report_ctypes_hook_bypass_is_contained(pool, probe, attack):
     r = pool.run(attack.replace("PROBE", probe))
     assert "root:" not in r.stdout and not r.ok, r
     assert os.listdir(probe) == []
-    assert pool.run("import sys; print(sorted(m for m in sys.modules if 'ctypes' in m))").stdout == (
-        "[]\n"
-    )
+    loaded = pool.run("import sys; print(sorted(m for m in sys.modules if 'ctypes' in m))")
+    assert loaded.stdout == "[]\n"
 
 
 def test_report_ctypes_escape_through_one_multiply_env_step(probe):

@@ -18,26 +18,7 @@ from agentic_rl.rollout import Batch
 from agentic_rl.starpo import StarPOTrainer, collapse_step, distinct_per_group
 from agentic_rl.utils import setup
 
-TINY = dict(
-    hidden_size=32,
-    num_hidden_layers=1,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    intermediate_size=64,
-    sft_steps=0,
-    max_steps=2,
-    eval_size=4,
-    eval_samples=1,
-    device="cpu",
-    disable_tqdm=True,
-    prompts_per_step=4,
-    num_generations=4,
-    mini_batch_size=4,
-)
-
-
-def tiny(**overrides) -> StarPOConfig:
-    return StarPOConfig.from_profile("quick", **{**TINY, **overrides})
+from testkit import tiny, tiny_values
 
 
 def test_presets_fill_unset_fields_and_fields_you_set_win():
@@ -57,7 +38,7 @@ def test_presets_fill_unset_fields_and_fields_you_set_win():
 
 def test_top_k_filter_keeps_whole_groups_and_takes_fewer_gradient_steps():
     setup(0)
-    t = StarPOTrainer(tiny(preset="starpo-s", filter_value=0.5, mini_batch_size=2))
+    t = StarPOTrainer(tiny("starpo", preset="starpo-s", filter_value=0.5, mini_batch_size=2))
     steps = []
     t.optimizer_step = lambda loss, f=t.optimizer_step: steps.append(1) or f(loss)
     row = t.rl_step()
@@ -68,7 +49,7 @@ def test_top_k_filter_keeps_whole_groups_and_takes_fewer_gradient_steps():
 
 def test_no_filter_uses_every_row_in_minibatches_of_the_configured_size():
     setup(0)
-    t = StarPOTrainer(tiny(mini_batch_size=5))
+    t = StarPOTrainer(tiny("starpo", mini_batch_size=5))
     steps = []
     t.optimizer_step = lambda loss, f=t.optimizer_step: steps.append(1) or f(loss)
     row = t.rl_step()
@@ -86,7 +67,7 @@ class _NoSpread(StarPOTrainer):
 
 def test_a_filter_that_keeps_nothing_skips_the_update_and_says_why():
     setup(0)
-    t = _NoSpread(tiny(preset="starpo-s", filter_include_zero=False))
+    t = _NoSpread(tiny("starpo", preset="starpo-s", filter_include_zero=False))
     before = {k: v.clone() for k, v in t.model.state_dict().items()}
     with pytest.warns(
         RuntimeWarning, match="the filter kept no rollout \\(no group had the reward spread"
@@ -99,7 +80,7 @@ def test_a_filter_that_keeps_nothing_skips_the_update_and_says_why():
 
 def test_dynamic_sampling_refills_with_groups_that_have_spread():
     setup(0)
-    t = StarPOTrainer(tiny(rollout_filter="dynamic", max_sample_rounds=3))
+    t = StarPOTrainer(tiny("starpo", rollout_filter="dynamic", max_sample_rounds=3))
     batch = t.rollout()
     std, _ = filters.group_std(batch.scores, batch.group_id)
     assert len(std) <= 4 and bool((std > 0).all())
@@ -109,7 +90,7 @@ def test_dynamic_sampling_refills_with_groups_that_have_spread():
 
 def test_entropy_bonus_is_subtracted_from_the_loss():
     setup(0)
-    t = StarPOTrainer(tiny(entropy_coeff=0.0, beta=0.0))
+    t = StarPOTrainer(tiny("starpo", entropy_coeff=0.0, beta=0.0))
     batch = t.rollout()
     adv = t.compute_advantages(batch)
     t.filter_rows(batch)
@@ -123,7 +104,7 @@ def test_entropy_bonus_is_subtracted_from_the_loss():
 @pytest.mark.parametrize("env", ["bandit", "frozenlake", "sokoban"])
 def test_one_step_on_every_environment(env):
     setup(0)
-    t = StarPOTrainer(tiny(env=env, sft_steps=2, sft_batch_size=4))
+    t = StarPOTrainer(tiny("starpo", env=env, sft_steps=2, sft_batch_size=4))
     t.sft()
     row = t.rl_step()
     assert 1.0 <= row["distinct_per_group"] <= 4.0
@@ -169,7 +150,7 @@ def test_batch_cat_pads_and_joins_rows():
 
 def test_cli_runs_the_starpo_recipe(tmp_path, capsys):
     argv = ["starpo", "--preset", "starpo-s", "--output-dir", str(tmp_path / "run")]
-    for k, v in TINY.items():
+    for k, v in tiny_values("starpo").items():
         argv += [f"--{k.replace('_', '-')}", str(v).lower() if isinstance(v, bool) else str(v)]
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
@@ -203,7 +184,13 @@ def test_plot_echo_trap_marks_where_success_and_the_std_fall():
 def test_starpo_ppo_with_a_critic_runs_and_filters_whole_groups():
     setup(0)
     t = StarPOTrainer(
-        tiny(env="frozenlake", advantage_estimator="gae", preset="starpo-s", filter_value=0.5)
+        tiny(
+            "starpo",
+            env="frozenlake",
+            advantage_estimator="gae",
+            preset="starpo-s",
+            filter_value=0.5,
+        )
     )
     assert t.critic is not None
     row = t.rl_step()
@@ -213,7 +200,7 @@ def test_starpo_ppo_with_a_critic_runs_and_filters_whole_groups():
 def _moved_policy(**overrides) -> tuple[StarPOTrainer, Batch]:
     """A trainer one RL step away from pi_ref (so the KL is not zero), and a fresh rollout."""
     setup(0)
-    t = StarPOTrainer(tiny(env="frozenlake", learning_rate=1e-2, **overrides))
+    t = StarPOTrainer(tiny("starpo", env="frozenlake", learning_rate=1e-2, **overrides))
     t.rl_step()
     return t, t.rollout()
 
@@ -244,9 +231,9 @@ def test_training_the_observation_tokens_puts_the_later_states_in_the_loss():
     from agentic_rl.multiturn import environment_tokens
 
     setup(0)
-    masked = StarPOTrainer(tiny(env="frozenlake", max_steps=1)).rollout()
+    masked = StarPOTrainer(tiny("starpo", env="frozenlake", max_steps=1)).rollout()
     setup(0)
-    t = StarPOTrainer(tiny(env="frozenlake", max_steps=1, mask_observations=False))
+    t = StarPOTrainer(tiny("starpo", env="frozenlake", max_steps=1, mask_observations=False))
     batch = t.rollout()
     env = batch.extras["env_tokens"]
     assert torch.equal(env, environment_tokens(masked)) and env.any()
@@ -258,14 +245,17 @@ def test_training_the_observation_tokens_puts_the_later_states_in_the_loss():
 
 def test_cli_takes_the_critic_and_kl_in_reward_and_refuses_bad_values(tmp_path, capsys):
     argv = ["starpo", "--advantage-estimator", "gae", "--kl-in-reward", "true", "--beta", "0.001"]
-    for k, v in TINY.items():
+    for k, v in tiny_values("starpo").items():
         argv += [f"--{k.replace('_', '-')}", str(v).lower() if isinstance(v, bool) else str(v)]
     assert main([*argv, "--output-dir", str(tmp_path / "run")]) == 0
     assert (tmp_path / "run" / "metrics.csv").exists()
     capsys.readouterr()
     for extra, why in (
         (["--beta", "0"], "kl_in_reward: needs beta > 0"),
-        (["--mask-observations", "false"], "mask_observations: has nothing to unmask on the bandit"),
+        (
+            ["--mask-observations", "false"],
+            "mask_observations: has nothing to unmask on the bandit",
+        ),
     ):
         given = argv[:5] + argv[7:] if extra[0] == "--beta" else argv  # each flag once
         with pytest.raises(SystemExit) as exit_:

@@ -1,4 +1,5 @@
-"""The addition task: problem format, scoring (never raising), the noisy teacher, and the task registry."""
+"""The addition task: problem format, scoring (never raising), the noisy teacher, and the task
+registry."""
 
 from __future__ import annotations
 
@@ -50,7 +51,8 @@ def test_make_task_unknown_name_lists_known_tasks():
         make_task("sudoku")
 
 
-@pytest.mark.parametrize("kwargs", [dict(digits=0), dict(digits=7), dict(teacher_error_rate=-0.1), dict(teacher_error_rate=1.5)])
+@pytest.mark.parametrize("kwargs", [dict(digits=0), dict(digits=7), dict(teacher_error_rate=-0.1),
+                                    dict(teacher_error_rate=1.5)])
 def test_invalid_task_arguments(kwargs):
     with pytest.raises(ValueError):
         AdditionTask(**kwargs)
@@ -79,7 +81,8 @@ P = AdditionTask(digits=2).make_problem(47, 38)  # answer "5 8"
         ("58", False, False, False),  # one word, not a digit token
         ("5 + 8", False, False, False),
         ("5 8 =", False, False, False),
-        ("5 8", True, False, False),  # truncated: no EOS, a format failure even if the digits are right
+        # truncated: no EOS, a format failure even if the digits are right
+        ("5 8", True, False, False),
         ("5 9", True, False, False),
         ("\x00 é <eos>", False, False, False),
     ],
@@ -106,7 +109,8 @@ def test_reward_values_and_format_weight():
 
 def _wrong_digits(demo: str, answer: str) -> int:
     d, a = demo.split(), answer.split()
-    assert len(d) == len(a) and all(w in "0123456789" for w in d)  # a wrong demo is still well formed
+    # a wrong demo is still well formed
+    assert len(d) == len(a) and all(w in "0123456789" for w in d)
     return sum(x != y for x, y in zip(d, a))
 
 
@@ -137,7 +141,8 @@ def test_teacher_error_rate_half_is_about_half():
     assert 0.45 < frac < 0.55  # binomial(2000, .5): std 0.011
     # and the teacher is reproducible from the seed
     rng1, rng2 = random.Random(5), random.Random(5)
-    assert [task.demonstration(p, rng1) for p in problems[:50]] == [task.demonstration(p, rng2) for p in problems[:50]]
+    first = [task.demonstration(p, rng1) for p in problems[:50]]
+    assert first == [task.demonstration(p, rng2) for p in problems[:50]]
 
 
 def test_problem_equality_ignores_meta():

@@ -1,4 +1,5 @@
-"""GRPOConfig validation, and the trainer: it learns, resumes bit-for-bit, guards NaNs, logs the right metrics."""
+"""GRPOConfig validation, and the trainer: it learns, resumes bit-for-bit, guards NaNs, logs the
+right metrics."""
 
 from __future__ import annotations
 
@@ -17,8 +18,11 @@ from agentic_rl.grpo import GRPOConfig
 from agentic_rl.rollout import sequence_logprobs
 from agentic_rl.grpo import GRPOTrainer
 
-METRICS = ["step", "reward_mean", "reward_std", "accuracy", "format_rate", "frac_reward_zero_std", "completion_length", "loss",
-           "kl", "entropy", "clip_ratio", "approx_kl", "grad_norm", "tokens_per_s", "step_time", "skipped"]
+from testkit import tiny_values
+
+METRICS = ["step", "reward_mean", "reward_std", "accuracy", "format_rate", "frac_reward_zero_std",
+           "completion_length", "loss", "kl", "entropy", "clip_ratio", "approx_kl", "grad_norm",
+           "tokens_per_s", "step_time", "skipped"]
 TIMING = {"tokens_per_s", "step_time"}
 
 
@@ -72,14 +76,16 @@ def test_config_unknown_profile_and_unknown_field():
 
 
 def test_config_valid_edge_values():
-    c = GRPOConfig(num_generations=2, epsilon_high=0.2, dual_clip=1.5, beta=0.0, max_steps=0, sft_steps=0, device="cuda:1")
+    c = GRPOConfig(num_generations=2, epsilon_high=0.2, dual_clip=1.5, beta=0.0, max_steps=0,
+                   sft_steps=0, device="cuda:1")
     assert c.epsilon_high == c.epsilon and c.dual_clip == 1.5
 
 
 @pytest.mark.parametrize(
     "loss_type,agg",
-    [("grpo", "seq-mean-token-mean"), ("dr_grpo", "seq-mean-token-sum-norm"), ("dapo", "token-mean"), ("bnpo", "token-mean"),
-     ("token-sum", "token-sum"), ("seq-mean-token-sum", "seq-mean-token-sum")],
+    [("grpo", "seq-mean-token-mean"), ("dr_grpo", "seq-mean-token-sum-norm"),
+     ("dapo", "token-mean"), ("bnpo", "token-mean"), ("token-sum", "token-sum"),
+     ("seq-mean-token-sum", "seq-mean-token-sum")],
 )
 def test_trl_loss_type_aliases(loss_type, agg):
     assert GRPOConfig(loss_type=loss_type).agg_mode == agg
@@ -107,20 +113,24 @@ def test_grpo_improves_sampled_accuracy():
     """SFT on a noisy teacher, then GRPO: sampled accuracy (pass@1 at temperature 1) must go up.
 
     Measured on one CPU thread (torch 2.13, transformers 5.x), digits=1, this config:
-        seed 0: 0.324 -> 0.520 (+0.196)   seed 1: 0.293 -> 0.557 (+0.264)   seed 2: 0.244 -> 0.490 (+0.246)
+        seed 0: 0.324 -> 0.520 (+0.196)   seed 1: 0.293 -> 0.557 (+0.264)
+        seed 2: 0.244 -> 0.490 (+0.246)
     about 10 s each. The test uses seed 0 and asks for +0.10, half the smallest gain seen.
     """
     config = GRPOConfig(
-        seed=0, digits=1, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=256,
-        sft_steps=500, max_steps=40, prompts_per_step=16, num_generations=8, learning_rate=3e-4, eval_size=128, device="cpu",
+        seed=0, digits=1, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, intermediate_size=256, sft_steps=500, max_steps=40,
+        prompts_per_step=16, num_generations=8, learning_rate=3e-4, eval_size=128, device="cpu",
         disable_tqdm=True,
     )
     trainer = GRPOTrainer(config)
     summary = trainer.train()
     before, after = summary["accuracy_before"], summary["accuracy_after"]
-    assert before == summary["sampled_accuracy_before"] and after == summary["sampled_accuracy_after"]
+    assert before == summary["sampled_accuracy_before"]
+    assert after == summary["sampled_accuracy_after"]
     assert after > before + 0.10, (before, after)
-    assert summary["rl_steps"] == 40 and len(trainer.history) == 40 and len(trainer.sft_history) == 500
+    assert summary["rl_steps"] == 40 and len(trainer.history) == 40
+    assert len(trainer.sft_history) == 500
     # the SFT warm start learned something (the noisy teacher's gap: greedy well above sampled)
     assert summary["greedy_accuracy_before"] > before
     first, last = trainer.history[:10], trainer.history[-10:]
@@ -136,13 +146,9 @@ RESUME = dict(sft_steps=30, max_steps=6, save_steps=2, learning_rate=1e-3, log_k
 @pytest.fixture(scope="module")
 def run_a(tmp_path_factory):
     """An uninterrupted run: 30 SFT steps and 6 GRPO steps, checkpoint every 2 steps."""
-    from agentic_rl.grpo import GRPOConfig as C
-
     out = tmp_path_factory.mktemp("run_a")
-    base = dict(digits=1, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1, intermediate_size=64,
-                sft_batch_size=16, prompts_per_step=4, num_generations=4, max_completion_length=4, eval_size=8, eval_samples=1,
-                device="cpu", disable_tqdm=True, **RESUME)
-    trainer = GRPOTrainer(C(output_dir=str(out), **base))
+    base = tiny_values("grpo", **RESUME)
+    trainer = GRPOTrainer(GRPOConfig(output_dir=str(out), **base))
     summary = trainer.train()
     return dict(dir=out, base=base, trainer=trainer, summary=summary, weights=_state(trainer.model))
 
@@ -154,7 +160,8 @@ def _config(run_a, out, **kw):
 def test_run_a_is_not_trivial(run_a):
     h = run_a["trainer"].history
     assert len(h) == 6 and [r["step"] for r in h] == [1, 2, 3, 4, 5, 6]
-    assert all(r["grad_norm"] > 0 for r in h)  # every step had a gradient, so every step moved the weights
+    # every step had a gradient, so every step moved the weights
+    assert all(r["grad_norm"] > 0 for r in h)
     assert (run_a["dir"] / "checkpoint.pt").exists() and (run_a["dir"] / "metrics.csv").exists()
 
 
@@ -257,7 +264,8 @@ def test_nan_guard_skips_the_update_and_training_continues(tiny_config, what):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         trainer.train()
-    guard = [w for w in caught if issubclass(w.category, RuntimeWarning) and "skipped this update" in str(w.message)]
+    guard = [w for w in caught
+             if issubclass(w.category, RuntimeWarning) and "skipped this update" in str(w.message)]
     assert len(guard) == 1 and "step 3" in str(guard[0].message)
     assert ("loss is nan" if what == "loss" else "gradient norm is inf") in str(guard[0].message)
     h = trainer.history
@@ -290,12 +298,15 @@ def test_metrics_match_the_batch(tiny_config):
 
         def rollout(self):
             batch = super().rollout()
-            with torch.no_grad():  # the sampling policy's log-probs (the trainer may skip computing them when mu = 1)
-                logp = sequence_logprobs(self.model, batch.input_ids, batch.attention_mask, temperature=self.config.temperature)
+            # the sampling policy's log-probs (the trainer may skip computing them when mu = 1)
+            with torch.no_grad():
+                logp = sequence_logprobs(self.model, batch.input_ids, batch.attention_mask,
+                                         temperature=self.config.temperature)
             self.batches.append((batch, logp * batch.loss_mask))
             return batch
 
-    config = tiny_config(sft_steps=30, max_steps=6, learning_rate=1e-3, log_kl=True)  # the kl column too
+    # the kl column too
+    config = tiny_config(sft_steps=30, max_steps=6, learning_rate=1e-3, log_kl=True)
     trainer = Capturing(config)
     trainer.train()
     G, P = config.num_generations, config.prompts_per_step
@@ -315,23 +326,29 @@ def test_metrics_match_the_batch(tiny_config):
         x = batch.ref_logprobs[m] - sampling_logprobs[m]
         assert row["kl"] == pytest.approx((torch.exp(x) - x - 1).mean().item(), abs=1e-6)
         assert 0 < row["entropy"] <= math.log(len(trainer.tokenizer)) + 1e-6
-        assert row["clip_ratio"] == 0.0  # one gradient step per batch: pi == pi_old when the loss is computed
-        assert row["grad_norm"] >= 0 and row["tokens_per_s"] > 0 and row["step_time"] > 0 and row["skipped"] == 0
-    assert trainer.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # pi_ref is the policy GRPO starts from
+        # one gradient step per batch: pi == pi_old when the loss is computed
+        assert row["clip_ratio"] == 0.0
+        assert row["grad_norm"] >= 0 and row["tokens_per_s"] > 0 and row["step_time"] > 0
+        assert row["skipped"] == 0
+    # pi_ref is the policy GRPO starts from
+    assert trainer.history[0]["kl"] == pytest.approx(0.0, abs=1e-6)
     assert any(r["kl"] > 1e-4 for r in trainer.history[1:])
-    assert any(0 < f < 1 for f in fracs), fracs  # a case where the fraction is neither 0 nor 1 was checked
+    # a case where the fraction is neither 0 nor 1 was checked
+    assert any(0 < f < 1 for f in fracs), fracs
 
 
 def test_clip_ratio_is_logged_with_several_iterations(tiny_config):
-    trainer = GRPOTrainer(tiny_config(sft_steps=30, max_steps=3, num_iterations=4, learning_rate=1e-2))
+    trainer = GRPOTrainer(tiny_config(sft_steps=30, max_steps=3, num_iterations=4,
+                                      learning_rate=1e-2))
     trainer.train()
     assert any(r["clip_ratio"] > 0 for r in trainer.history)
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "bnpo"])
 def test_kl_term_is_beta_times_aggregated_k3(tiny_config, loss_type):
-    trainer = GRPOTrainer(tiny_config(sft_steps=0, beta=0.0, loss_type=loss_type, prompts_per_step=4, num_generations=4,
-                                      max_completion_length=5))
+    config = tiny_config(sft_steps=0, beta=0.0, loss_type=loss_type, prompts_per_step=4,
+                         num_generations=4, max_completion_length=5)
+    trainer = GRPOTrainer(config)
     trainer.make_ref_model()
     with torch.no_grad():  # move the policy away from pi_ref so the KL is not 0
         for p in trainer.model.parameters():
@@ -358,7 +375,8 @@ def test_kl_term_is_beta_times_aggregated_k3(tiny_config, loss_type):
 
 
 def test_kl_logging_switch(tiny_config):
-    """``log_kl=False`` with ``beta=0`` keeps no pi_ref and logs NaN; ``beta>0`` always keeps pi_ref."""
+    """``log_kl=False`` with ``beta=0`` keeps no pi_ref and logs NaN; ``beta>0`` always keeps
+    pi_ref."""
     if "log_kl" not in GRPOConfig.__dataclass_fields__:
         pytest.skip("this version of GRPOConfig has no log_kl field")
     off = GRPOTrainer(tiny_config(max_steps=2, log_kl=False))
@@ -373,10 +391,12 @@ def test_kl_logging_switch(tiny_config):
 
 
 def test_train_from_a_saved_model_folder_with_lora(tmp_path, tokenizer, model, tiny_config):
-    """``model_name_or_path`` (the load-by-name path, offline) + ``use_lora``: only the adapters move."""
+    """``model_name_or_path`` (the load-by-name path, offline) + ``use_lora``: only the adapters
+    move."""
     model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
-    config = tiny_config(model_name_or_path=str(tmp_path), use_lora=True, sft_steps=10, max_steps=2, sft_learning_rate=1e-2)
+    config = tiny_config(model_name_or_path=str(tmp_path), use_lora=True, sft_steps=10, max_steps=2,
+                         sft_learning_rate=1e-2)
     trainer = GRPOTrainer(config)
     start = _state(trainer.model)
     trainer.train()
@@ -400,7 +420,8 @@ def test_trainer_accepts_an_existing_policy(model, tokenizer, tiny_config):
 
 
 def test_minibatches_split_each_pass_into_disjoint_gradient_steps(tiny_config):
-    # mu passes of k minibatches: mu * k optimizer steps per RL step, each pass covering every row once.
+    # mu passes of k minibatches: mu * k optimizer steps per RL step, each pass covering every row
+    # once.
     seen = []
 
     class Counting(GRPOTrainer):
@@ -408,8 +429,8 @@ def test_minibatches_split_each_pass_into_disjoint_gradient_steps(tiny_config):
             seen.append(len(batch))
             return super().compute_loss(batch, advantages)
 
-    trainer = Counting(tiny_config(max_steps=1, num_iterations=2, num_minibatches=4, prompts_per_step=4,
-                                   num_generations=4))
+    trainer = Counting(tiny_config(max_steps=1, num_iterations=2, num_minibatches=4,
+                                   prompts_per_step=4, num_generations=4))
     trainer.train()
     assert seen == [4] * 8  # 16 rows -> 4 minibatches of 4, twice
     batch = trainer.rollout()
@@ -427,7 +448,8 @@ def test_clipping_acts_from_the_second_gradient_step_only(tiny_config):
     one = GRPOTrainer(tiny_config(sft_steps=30, max_steps=3, learning_rate=1e-2))
     one.train()
     assert all(r["clip_ratio"] == 0 for r in one.history)
-    many = GRPOTrainer(tiny_config(sft_steps=30, max_steps=3, num_minibatches=4, learning_rate=1e-2))
+    many = GRPOTrainer(tiny_config(sft_steps=30, max_steps=3, num_minibatches=4,
+                                   learning_rate=1e-2))
     many.train()
     assert any(r["clip_ratio"] > 0 for r in many.history)
     assert all(r["approx_kl"] > 0 for r in many.history)

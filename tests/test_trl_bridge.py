@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from testkit import fake_generate
+from testkit import fake_generate, tiny_model
 
 from agentic_rl.grpo import GRPOConfig
 from agentic_rl.envs import AdditionTask, SumsTask
@@ -224,7 +224,6 @@ def test_trl_grpo_trainer_trains_on_the_bridge(task_name, tmp_path, tiny_config)
     range, and TRL's prompt tokens are the package's (plain text with BOS; a chat turn through the
     template, no second BOS)."""
     trl = pytest.importorskip("trl")
-    from agentic_rl.models import build_model
     from agentic_rl.rollout import chat_prompt, encode_prompts
     from agentic_rl.grpo import GRPOTrainer
 
@@ -235,8 +234,7 @@ def test_trl_grpo_trainer_trains_on_the_bridge(task_name, tmp_path, tiny_config)
         model, tokenizer, task = trainer.model, trainer.tokenizer, trainer.task
     else:
         tokenizer, task = _sums_tokenizer(), SumsTask()
-        model = build_model(tokenizer, seed=0, hidden_size=32, num_hidden_layers=1,
-                            num_attention_heads=2, num_key_value_heads=1, intermediate_size=64)  # fmt: skip
+        model = tiny_model(tokenizer, num_hidden_layers=1)
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")
     start = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -19,8 +19,8 @@ Early Experience            ``early_experience``
 ==========================  ========================================================
 
 Around them: ``config`` (shared fields), ``runs`` (preflight, a run, a lab's arms),
-``checkpoint``, ``distributed`` (torchrun), ``models``, ``utils`` (seeds), and the learner tools
-``check`` and ``tokenview``.
+``checkpoint`` (+ ``outdir``: the output folder), ``distributed`` (torchrun), ``models``,
+``utils`` (seeds), and the learner tools ``check`` and ``tokenview``.
 """
 
 __version__ = "0.1.0"

@@ -33,7 +33,7 @@ from .config import FULL_MODEL, AgentFields, CriticFields, FrozenLakeFields, def
 from .envs import make_env
 from .losses import aggregate
 from .rollout import Batch, build_segments_batch
-from .train import Trainer
+from .train import Trainer, check_split
 from .utils import EVAL_SAMPLING_OFFSET, eval_sampling_seed, eval_seeds, fixed_rng, train_seed
 
 __all__ = ["PPOConfig", "ValueModel", "AgentTrainer", "evaluate_agent", "CONFIG", "TRAINER"]
@@ -132,7 +132,35 @@ class ValueModel(nn.Module):
 
 class AgentTrainer(Trainer):
     """SFT on demonstrations, then PPO+GAE (``advantage_estimator="gae"``) or GRPO,
-    on a multi-turn env."""
+    on a multi-turn env.
+
+    The base of the multi-turn chapters. A chapter on it overrides some of these hooks (beside
+    :class:`~agentic_rl.train.Trainer`'s, whose table is in :mod:`agentic_rl.train`):
+
+    =======================================  =======================================================
+    hook                                     what it returns; who overrides it
+    =======================================  =======================================================
+    ``make_task(self, split="train")``       a fresh environment of ``split`` (one per episode):
+                                             every chapter (GCD, Early Experience: ``"ood"`` too)
+    ``play(self, seeds, *, ...)``            keywords ``group_size=1``, ``greedy=False``,
+                                             ``ref_model=None``, ``envs=None``: a ``Batch`` of
+                                             ``group_size`` episodes per seed, in ``envs`` (one per
+                                             episode; default: ``make_task()`` each). A chapter
+                                             wraps or reads ``envs`` for its ``extras`` (GiGPO's
+                                             anchors, RC-GRPO's tokens, ReTool's tool use); another
+                                             split, reward token, the tool off: the caller builds
+                                             ``envs`` and passes them
+    ``rollout(self)``                        the step's ``Batch``: ``play`` on fresh seeds (StarPO:
+                                             refilled; ReTool: resampled)
+    ``compute_advantages(self, batch)``      ``[B, T]``: GAE, or GRPO's group advantage (GiGPO:
+                                             per step, from anchor states)
+    ``compute_loss(self, batch, adv, ...)``  ``(loss, metrics)``: + the critic's value loss (GCD:
+                                             + its judgement loss)
+    ``rollout_metrics(self, batch, keep)``   success and turns; a chapter adds its measurements
+    ``sft_batch(self)``                      whole demonstration episodes (RC-GRPO: with tokens)
+    ``evaluate(self)``                       held-out success (GCD, Early Experience: per split)
+    =======================================  =======================================================
+    """
 
     config: PPOConfig
 
@@ -145,7 +173,8 @@ class AgentTrainer(Trainer):
             self.optimizer = self.make_optimizer()
 
     # ------------------------------------------------------------------ construction
-    def make_task(self):
+    def make_task(self, split: str = "train"):
+        check_split(split)
         c = self.config
         return make_env(
             c.env,
@@ -230,7 +259,7 @@ class AgentTrainer(Trainer):
         envs: list | None = None,
     ) -> Batch:
         """Play ``group_size`` episodes on each seed's map with the current policy
-        (a fresh env per episode, or ``envs``, one per episode)."""
+        (a fresh env per episode, or ``envs``, one per episode: another split's, a wrapped one)."""
         from .multiturn import rollout_multiturn
 
         c = self.config

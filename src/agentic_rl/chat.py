@@ -28,18 +28,27 @@ change what a multi-turn trainer must do:
 conversations and takes their differences), so nothing here is specific to ChatML.
 :func:`assistant_mask_from_markers` finds the policy's tokens from the marker ids alone: an
 independent derivation that the rollout's ``loss_mask`` is checked against.
+
+**One rollout, two turn formats.** What the rollout must know about a turn's boundaries (how the
+first observation is encoded, which ids end an action, what the environment gets of the sampled
+ids, how an observation is appended) is a :class:`TurnFormat`: :class:`ChatFormat` for a chat
+template, :class:`StopWordFormat` for the plain ``<action> ... </action>`` protocol of the tiny
+word-level models. The agent loop itself never asks which one it has.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from .rollout import Batch, batch_from_ids, chat_prompt
 
 __all__ = [
+    "TurnFormat",
+    "StopWordFormat",
     "ChatFormat",
     "ChatTemplateError",
     "chat_segments_batch",
@@ -63,6 +72,65 @@ def _render(tokenizer, messages, *, generation_prompt: bool) -> str:
     return tokenizer.apply_chat_template(
         messages, tokenize=False, add_generation_prompt=generation_prompt
     )
+
+
+@runtime_checkable
+class TurnFormat(Protocol):
+    """The turn boundaries as the rollout (:func:`~agentic_rl.multiturn.rollout_multiturn`)
+    handles them, in ids: implemented by :class:`StopWordFormat` and :class:`ChatFormat`."""
+
+    @property
+    def stop_ids(self) -> Sequence[int]:
+        """The ids that end an action once its sampled tokens end with them (as EOS always
+        does); empty for none."""
+
+    def first_rows(self, texts: list[str]) -> list[list[int]]:
+        """Each episode's first observation, encoded: the start of its row."""
+
+    def split_action(self, ids: list[int]) -> tuple[list[int], bool, bool]:
+        """A turn's sampled ids (its stop ids or EOS included) as ``(ids for the environment,
+        closed, missing_stop)``: ``closed`` when the turn ended the way the format closes it,
+        ``missing_stop`` when it ended at the token limit, neither stop ids nor EOS."""
+
+    def observation_rows(self, observations: list[str], closed: list[bool]) -> list[list[int]]:
+        """The ids appended after each turn for its observation (``closed``: that turn's flag
+        from :meth:`split_action`)."""
+
+
+class StopWordFormat:
+    """The plain turn protocol (:class:`~agentic_rl.envs.MultiTurnEnv`): every observation ends
+    with ``<action>`` and the policy closes its action with ``stop_word`` (``</action>``) or EOS.
+
+    The environment gets the action without its stop word, or with it when ``keep_stop_word``
+    (so it can tell a closed ``</code>`` from an action cut by EOS or the token limit), never
+    with EOS. Every turn counts as closed: observations are plain text, encoded as they are.
+    """
+
+    def __init__(self, tokenizer, stop_word: str = "</action>", keep_stop_word: bool = False):
+        self.tokenizer, self.keep_stop_word = tokenizer, keep_stop_word
+        #: the stop word's ids (several with a BPE tokenizer), empty for no stop word
+        self.stop_ids = (
+            tokenizer(stop_word, add_special_tokens=False)["input_ids"] if stop_word else []
+        )
+
+    def first_rows(self, texts: list[str]) -> list[list[int]]:
+        """The first observations with the tokenizer's special tokens (``<bos>``), in one call
+        (the same ids as one call per text)."""
+        return self.tokenizer(texts)["input_ids"]
+
+    def split_action(self, ids: list[int]) -> tuple[list[int], bool, bool]:
+        """``(ids without EOS or the stop word, True, missing_stop)``, the stop word kept when
+        ``keep_stop_word``."""
+        n = len(self.stop_ids)
+        if ids[-1:] == [self.tokenizer.eos_token_id]:
+            return ids[:-1], True, False
+        if n and ids[-n:] == self.stop_ids:
+            return (ids if self.keep_stop_word else ids[:-n]), True, False
+        return ids, True, True
+
+    def observation_rows(self, observations: list[str], closed: list[bool]) -> list[list[int]]:
+        """The observations' ids, no special tokens added, in one tokenizer call."""
+        return self.tokenizer(observations, add_special_tokens=False)["input_ids"]
 
 
 @dataclass(frozen=True)
@@ -136,6 +204,30 @@ class ChatFormat:
             raise ChatTemplateError(why)
         ids = tokenizer(header, add_special_tokens=False)["input_ids"]
         return cls(tokenizer, tuple(ids), end_of_turn, tool_role, between, after)
+
+    # ------------------------------------------------------------------ the rollout's turns
+    @property
+    def stop_ids(self) -> tuple[int, ...]:
+        """The end-of-turn token ends an action (it is often the EOS, which ends one anyway)."""
+        return (self.end_of_turn,)
+
+    def first_rows(self, texts: list[str]) -> list[list[int]]:
+        """Each first observation as the user's message (:meth:`prompt_ids`)."""
+        return [self.prompt_ids(text) for text in texts]
+
+    def split_action(self, ids: list[int]) -> tuple[list[int], bool, bool]:
+        """``(ids without the end-of-turn token or EOS, closed, missing_stop)``: a turn is closed
+        by the template's end-of-turn token only; one cut by EOS (where it is another token) or
+        at the token limit gets that token from :meth:`observation_rows`."""
+        if ids[-1:] == [self.end_of_turn]:
+            return ids[:-1], True, False
+        if ids[-1:] == [self.tokenizer.eos_token_id]:
+            return ids[:-1], False, False
+        return ids, False, True
+
+    def observation_rows(self, observations: list[str], closed: list[bool]) -> list[list[int]]:
+        """Each observation as the tool's turn (:meth:`observation_ids`)."""
+        return [self.observation_ids(o, closed=c) for o, c in zip(observations, closed)]
 
     # ------------------------------------------------------------------ encoding, once per turn
     def prompt_ids(self, user_text: str) -> list[int]:
@@ -253,8 +345,16 @@ def retokenization_drift(batch: Batch, tokenizer) -> dict:
       misalign).
     """
     counts = dict.fromkeys(
-        ("episodes", "episodes_changed", "turns", "turns_changed", "boundaries",
-         "boundaries_changed", "tokens", "tokens_after_drift"),
+        (
+            "episodes",
+            "episodes_changed",
+            "turns",
+            "turns_changed",
+            "boundaries",
+            "boundaries_changed",
+            "tokens",
+            "tokens_after_drift",
+        ),
         0,
     )
 

@@ -49,7 +49,7 @@ from .config import (
     defaults,
     param,
 )
-from .envs import HouseholdEnv
+from .envs import EnvWrapper, HouseholdEnv
 from .envs.household import ACTION_OPEN
 from .rollout import Batch, build_segments_batch, sequence_logprobs
 from .utils import eval_sampling_seed, fixed_rng, substream, train_seed
@@ -177,17 +177,17 @@ def expert_transitions(env, seeds: list[int]) -> list[list[Transition]]:
     return episodes
 
 
-class _Branch:
-    """A one-turn environment: ``reset`` puts a fresh copy of the environment in an expert state
-    (replaying the expert's actions from the episode's seed) and shows the history; ``step``
-    executes the alternative there and ends."""
+class _Branch(EnvWrapper):
+    """A one-turn view of an environment: ``reset`` puts a fresh copy of the environment in an
+    expert state (replaying the expert's actions from the episode's seed) and shows the history;
+    ``step`` executes the alternative there and ends."""
 
     max_turns = 1
 
     def __init__(self, env, seed: int, actions: list[str], expected_obs: str, history: str):
-        self.env, self.seed, self.actions = env, seed, actions
+        super().__init__(env)
+        self.seed, self.actions = seed, actions
         self.expected, self.history = expected_obs, history
-        self.name = env.name
         self.outcome: tuple[str, dict] | None = None
 
     def reset(self, _seed: int) -> str:

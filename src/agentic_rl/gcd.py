@@ -497,10 +497,12 @@ class GCDTrainer(AgentTrainer):
         return super().extra_metrics + (judge if self.config.judge_weight > 0 else ())
 
     # ------------------------------------------------------------------ rollout and loss
-    def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, split="train"):
-        """Episodes as :meth:`AgentTrainer.play` on the ``split``'s tasks; ``extras["kinds"]``
-        holds each episode's action labels (good, flawed, invalid, malformed)."""
-        envs = [self.make_task(split) for _ in range(len(seeds) * group_size)]
+    def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, envs=None):
+        """Episodes as :meth:`AgentTrainer.play` (another split's tasks: ``envs`` of
+        ``make_task(split)``); ``extras["kinds"]`` holds each episode's action labels (good,
+        flawed, invalid, malformed)."""
+        if envs is None:
+            envs = [self.make_task() for _ in range(len(seeds) * group_size)]
         batch = super().play(
             seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=envs
         )
@@ -609,7 +611,8 @@ class GCDTrainer(AgentTrainer):
         with fixed_rng(eval_sampling_seed(c.seed), self.device):
             for split, name in (("train", "id"), ("ood", "ood")):
                 for mode, greedy, g in (("greedy", True, 1), ("sampled", False, c.eval_samples)):
-                    b = self.play(seeds, group_size=g, greedy=greedy, split=split)
+                    envs = [self.make_task(split) for _ in range(len(seeds) * g)]
+                    b = self.play(seeds, group_size=g, greedy=greedy, envs=envs)
                     kinds = [k for row in b.extras["kinds"] for k in row]
                     out[f"{name}_{mode}_success"] = b.extras["success"].float().mean().item()
                     out[f"{name}_{mode}_flawed_rate"] = kinds.count("flawed") / max(len(kinds), 1)

@@ -71,13 +71,17 @@ from .config import (
     defaults,
     param,
 )
-from .envs import FrozenLakeEnv, HouseholdEnv, SokobanEnv
+from .envs import EnvWrapper, FrozenLakeEnv, HouseholdEnv, SokobanEnv
 from .rollout import Batch
+from .train import check_split
+from .utils import substream
 
 __all__ = [
     "discounted_returns",
     "anchor_groups",
     "gigpo_advantages",
+    "shuffle_anchors",
+    "within_state_auc",
     "anchor_metrics",
     "step_group_size_histogram",
     "AnchorRecorder",
@@ -164,6 +168,7 @@ def gigpo_advantages(
     scale_by_std: bool = True,
     eps: float = 1e-6,
     cross_steps: bool = True,
+    discount_episodes: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """GiGPO's advantages of every step row: ``(episode_level, step_level, combined)``, float64.
 
@@ -175,6 +180,8 @@ def gigpo_advantages(
     discounted by ``gamma`` within the episode (Eq. 5); step groups by exact anchor equality within
     an episode group (Eq. 4); A^S over the step group (Eq. 6-7), 0 for a singleton; ``combined =
     A^E + omega * A^S`` (Eq. 8). ``scale_by_std``: F_norm = unbiased std + ``eps``, else 1.
+    ``discount_episodes`` (a control, not GiGPO): the episode level compares each episode's return
+    discounted to its start, ``R_1`` of Eq. 5 (``gamma^(T-1) R`` for a reward at the end only).
     """
     if not (0.0 < gamma <= 1.0):
         raise ValueError(f"gamma must be in (0, 1], got {gamma!r}")
@@ -199,8 +206,11 @@ def gigpo_advantages(
     if (groups != groups[first_row][block]).any():
         raise ValueError("group_ids: all rows of an episode must be in the same group")
 
+    returns = discounted_returns(rewards, block, gamma)  # Eq. 5
     # Eq. 2-3: the episode's return on each of its rows; statistics over rows or episodes
     episode_return = torch.zeros(len(first_row), dtype=torch.float64).index_add(0, block, rewards)
+    if discount_episodes:  # the control: R_1, the return discounted to the episode's start
+        episode_return = returns[first_row]
     norm = dict(scale_by_std=scale_by_std, eps=eps)
     _, group_index = torch.unique(groups, return_inverse=True)
     if cross_steps:
@@ -208,8 +218,7 @@ def gigpo_advantages(
     else:
         per_episode = _normalise(episode_return, group_index[first_row], singleton="raw", **norm)
         episode_level = per_episode[block]
-    # Eq. 4-7: discounted returns compared within each anchor's step group
-    returns = discounted_returns(rewards, block, gamma)
+    # Eq. 4, 6-7: discounted returns compared within each anchor's step group
     step_group, _ = anchor_groups(anchor_states, groups)
     step_level = _normalise(returns, step_group, singleton="zero", **norm)
     return episode_level, step_level, episode_level + omega * step_level  # Eq. 8
@@ -251,26 +260,68 @@ def anchor_metrics(
     )
 
 
+def shuffle_anchors(anchor_states: Sequence[Hashable], group_ids, rng) -> list:
+    """A placebo for Eq. 4: the anchors permuted among the step rows of each episode group
+    (``rng``: a :class:`random.Random`). Every step-group *size* is kept (each group holds the
+    same anchors, moved), while which steps share a group is random: what is left of GiGPO
+    without the information that two steps were taken in the same state."""
+    groups = _as_rows(group_ids, "group_ids", torch.long).tolist()
+    if len(anchor_states) != len(groups):
+        raise ValueError(f"got {len(anchor_states)} anchor_states for {len(groups)} rows")
+    rows_of: dict[int, list[int]] = {}
+    for row, group in enumerate(groups):
+        rows_of.setdefault(group, []).append(row)
+    out = list(anchor_states)
+    for rows in rows_of.values():
+        moved = [anchor_states[r] for r in rows]
+        rng.shuffle(moved)
+        for r, anchor in zip(rows, moved):
+            out[r] = anchor
+    return out
+
+
+def within_state_auc(values, anchor_states, group_ids, kinds) -> tuple[float, int]:
+    """How well per-step ``values`` (advantages) rank the good actions above the others **taken
+    in the same state**: over every pair (a good step, a step of another kind) of one step group
+    (same episode group, same anchor), the share in which the good step's value is higher, a tie
+    counting one half: the area under the ROC curve, within states. ``kinds``: each step's label
+    from the environment (the household's ``good``, ``flawed``, ``invalid``, ``malformed``).
+    Returns ``(AUC, pairs)``; the AUC is NaN when no state saw both a good and another action.
+    0.5 is a coin's ranking; GRPO's one advantage per episode can still rank, across the
+    episodes that passed through the state."""
+    if len(kinds) != len(anchor_states):
+        raise ValueError(f"got {len(kinds)} kinds for {len(anchor_states)} steps")
+    step_group, _ = anchor_groups(anchor_states, group_ids)
+    v = _as_rows(values, "values", torch.float64)
+    good = torch.tensor([k == "good" for k in kinds], dtype=torch.bool)
+    wins, pairs = 0.0, 0
+    for g in torch.unique(step_group[good]).tolist():
+        here = step_group == g
+        diff = v[here & good].unsqueeze(1) - v[here & ~good].unsqueeze(0)
+        wins += (diff > 0).sum().item() + 0.5 * (diff == 0).sum().item()
+        pairs += diff.numel()
+    return (wins / pairs if pairs else math.nan), pairs
+
+
 # ---------------------------------------------------------------------- the recipe
-class AnchorRecorder:
+class AnchorRecorder(EnvWrapper):
     """An environment that keeps the raw observation each step acts on (``anchors``): the reset
     observation, then each observation the episode goes on from. Everything else is the wrapped
     environment's (verl-agent's environment managers return it as ``anchor``, beside the prompt)."""
 
     def __init__(self, env):
-        self.env = env
+        super().__init__(env)
         self.anchors: list[str] = []
-
-    def __getattr__(self, name):
-        return getattr(self.env, name)
+        self.labels: list[str | None] = []  # each step's kind, where the environment labels it
 
     def reset(self, seed: int) -> str:
         obs = self.env.reset(seed)
-        self.anchors = [obs]
+        self.anchors, self.labels = [obs], []
         return obs
 
     def step(self, action_text: str):
         obs, reward, done, info = self.env.step(action_text)
+        self.labels.append((info or {}).get("kind"))
         if not done:
             self.anchors.append(obs)
         return obs, reward, done, info
@@ -318,7 +369,26 @@ class GiGPOConfig(AgentFields, FrozenLakeFields):
         "Episode-level mean and std over the group's step rows (verl-agent's only path); false: "
         "over its episodes (the paper's Eq. 3).",
     )
+    discount_episode_return: bool = param(
+        False,
+        "A control, not GiGPO: the episode level compares returns discounted to the start "
+        "(gamma^(T-1) R for a reward at the end), so that GRPO (omega = 0) prefers short "
+        "episodes as the step level does: discounting without anchors.",
+    )
+    shuffle_anchors: bool = param(
+        False,
+        "A placebo, not GiGPO: the anchors are permuted among the steps of each episode group "
+        "before the step groups are formed (every group size kept, membership random).",
+    )
     room_size: int = param(6, "Sokoban: side of the room, walls included.")
+    slack: int = param(
+        2,
+        "Household: turns beyond the optimal plan in each task's budget (the horizon: more "
+        "slack, longer episodes that can still succeed after detours).",
+        low=0,
+        high=20,
+        why="0 to 20 turns beyond the plan: fewer is no budget, more is another task",
+    )
 
     def validate(self) -> None:
         super().validate()
@@ -330,13 +400,19 @@ class GiGPOConfig(AgentFields, FrozenLakeFields):
             self._bad("step_advantage_weight", "must be >= 0 and finite")
         if self.kl_in_reward:
             self._bad("kl_in_reward", "GiGPO keeps the KL in the loss (verl-agent's use_kl_loss)")
+        if self.shuffle_anchors and self.step_advantage_weight == 0:
+            self._bad("shuffle_anchors", "with step_advantage_weight 0 no anchor is used")
         if self.scale_rewards != "group":
             self._bad("scale_rewards", "GiGPO's scaling is scale_by_std (both levels); leave this")
         if not 5 <= self.room_size <= 10:
             self._bad("room_size", "must be between 5 and 10")
         if self.env == "household":
-            if self.max_turns < 8:
-                self._bad("max_turns", "the household needs >= 8 (a 6-action plan + 2 of slack)")
+            if self.max_turns < 6 + self.slack:
+                self._bad(
+                    "max_turns",
+                    f"the household needs >= 6 + slack = {6 + self.slack} (a plan of up to 6 "
+                    "actions and the slack)",
+                )
             if self.max_action_tokens < 5:
                 self._bad("max_action_tokens", "the household needs >= 5 (four words + stop)")
         elif self.max_action_tokens < 2:
@@ -356,7 +432,8 @@ class GiGPOTrainer(AgentTrainer):
 
     config: GiGPOConfig
 
-    def make_task(self):
+    def make_task(self, split: str = "train"):
+        check_split(split)
         c = self.config
         if c.env == "frozenlake":
             return FrozenLakeEnv(
@@ -364,18 +441,21 @@ class GiGPOTrainer(AgentTrainer):
             )
         if c.env == "sokoban":
             return SokobanEnv(c.room_size, max_turns=c.max_turns)
-        return HouseholdEnv(max_turns=c.max_turns)
+        return HouseholdEnv(max_turns=c.max_turns, slack=c.slack)
 
     def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, envs=None) -> Batch:
         """Episodes as :meth:`AgentTrainer.play`; ``extras["anchors"]`` holds, per episode, the
-        raw observation of each of its steps."""
-        envs = envs or [self.make_task() for _ in range(len(seeds) * group_size)]
+        raw observation of each of its steps, and ``extras["kinds"]`` each step's label where the
+        environment labels its actions (the household: good, flawed, ...), else ``None``s."""
+        if envs is None:
+            envs = [self.make_task() for _ in range(len(seeds) * group_size)]
         recorders = [AnchorRecorder(env) for env in envs]
         batch = super().play(
             seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=recorders
         )
         turns = batch.extras["num_turns"].tolist()
         batch.extras["anchors"] = [r.anchors[:n] for r, n in zip(recorders, turns)]
+        batch.extras["kinds"] = [r.labels[:n] for r, n in zip(recorders, turns)]
         return batch
 
     def step_rows(self, batch: Batch) -> dict:
@@ -400,9 +480,13 @@ class GiGPOTrainer(AgentTrainer):
         row; observation and padding tokens get 0."""
         c = self.config
         rows = self.step_rows(batch)
+        anchors = rows["anchor_states"]
+        if c.shuffle_anchors:  # the placebo: same step-group sizes, random membership
+            rng = substream("gigpo-anchors", c.seed, self.step)
+            rows = dict(rows, anchor_states=shuffle_anchors(anchors, rows["group_ids"], rng))
         episode_level, step_level, combined = gigpo_advantages(
             **rows, gamma=c.gamma, omega=c.step_advantage_weight, scale_by_std=c.scale_by_std,
-            cross_steps=c.cross_steps,
+            cross_steps=c.cross_steps, discount_episodes=c.discount_episode_return,
         )  # fmt: skip
         # per episode and turn: [B, max turns], then each token reads its turn's value
         turns = batch.extras["num_turns"].tolist()
@@ -412,13 +496,23 @@ class GiGPOTrainer(AgentTrainer):
         per_turn[rows_of, turn_of] = combined
         turn_ids = batch.turn_ids.cpu()
         token_adv = per_turn.gather(1, turn_ids.clamp(min=0)) * (turn_ids >= 0)
-        _, sizes = anchor_groups(rows["anchor_states"], rows["group_ids"])
-        batch.extras["anchor_metrics"] = anchor_metrics(step_level, episode_level, sizes)
+        _, sizes = anchor_groups(anchors, rows["group_ids"])
+        metrics = anchor_metrics(step_level, episode_level, sizes)
+        # credit against the environment's labels, in the true states (NaN without labels)
+        kinds = [k for row in batch.extras["kinds"] for k in row]
+        labelled = any(k is not None for k in kinds)
+        for name, values in (("state_auc", combined), ("state_auc_episode", episode_level)):
+            auc, pairs = within_state_auc(values, anchors, rows["group_ids"], kinds)
+            metrics[name] = auc if labelled else math.nan
+        metrics["state_auc_pairs"] = float(pairs) if labelled else 0.0
+        batch.extras["anchor_metrics"] = metrics
         mask = batch.loss_mask
         return token_adv.to(device=mask.device, dtype=torch.float32) * mask
 
     def rollout_metrics(self, batch: Batch, keep) -> dict:
-        """The anchor statistics of this step's batch (:func:`anchor_metrics`), success, turns."""
+        """The anchor statistics of this step's batch (:func:`anchor_metrics`), success, turns;
+        ``state_auc``: :func:`within_state_auc` of the advantage trained on (``_episode``: of
+        its episode level alone), in the true anchor states, from the environment's labels."""
         return dict(super().rollout_metrics(batch, keep), **batch.extras["anchor_metrics"])
 
 

@@ -23,7 +23,7 @@ from .bounds import COEF
 from .config import FULL_MODEL, RLConfig, param
 from .envs import make_task
 from .rollout import Batch, build_sft_batch, chat_prompt, generate_batch
-from .train import Trainer
+from .train import Trainer, check_split
 from .utils import EVAL_PROBLEMS_OFFSET, EVAL_SAMPLING_OFFSET, eval_sampling_seed, fixed_rng
 
 __all__ = ["GRPOConfig", "GRPOTrainer", "evaluate", "CONFIG", "TRAINER"]
@@ -201,7 +201,8 @@ class GRPOTrainer(Trainer):
         "(pass@1, = sampled_accuracy); greedy_accuracy: of greedy decoding"
     )
 
-    def make_task(self):
+    def make_task(self, split: str = "train"):
+        check_split(split)  # (the held-out problems are drawn from the same task)
         c = self.config
         kwargs = dict(digits=c.digits, format_weight=c.format_weight)
         if c.task == "addition":

@@ -48,6 +48,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from .chat import StopWordFormat
 from .rollout import Batch, sequence_logprobs
 
 __all__ = ["rollout_multiturn", "environment_tokens", "unmask_environment_tokens"]
@@ -284,21 +285,25 @@ def rollout_multiturn(
     ``chat``: a :class:`~agentic_rl.chat.ChatFormat` for a pretrained chat model. The first
     observation is then the user's message in the template (system turn and assistant header
     included); a turn ends at the template's end-of-turn token (sampled, ``loss_mask`` 1; it
-    replaces ``stop_word``); each later observation is the tool's turn, encoded with the
-    template's markers around it and appended as ids (:meth:`~agentic_rl.chat.ChatFormat.
-    observation_ids`), after the end-of-turn token the rollout adds when a turn was cut at
-    ``max_action_tokens``. The sampled ids are never decoded and encoded again.
+    replaces ``stop_word`` and ``keep_stop_word``); each later observation is the tool's turn,
+    encoded with the template's markers around it and appended as ids, after the end-of-turn token
+    the format adds when a turn was cut before it (:meth:`~agentic_rl.chat.ChatFormat.
+    observation_ids`). The sampled ids are never decoded and encoded again. Without ``chat``, the
+    turns follow :class:`~agentic_rl.chat.StopWordFormat` (``stop_word``, ``keep_stop_word``).
+    Either is the one :class:`~agentic_rl.chat.TurnFormat` the loop asks at a turn's boundaries.
 
     ``reuse_cache=True`` keeps one KV cache across turns and feeds only new tokens;
     ``reuse_cache=False`` re-encodes the whole history at the start of every turn (the naive
     baseline). Both sample the same tokens for the same torch seed.
 
-    Why one long function (the package's only one over 80 lines, ``tests/test_style.py``): it is
-    the agent loop of four chapters, and its state lives across the turn loop (the KV cache kept
-    between turns, the preallocated token buffers, each episode's turn bookkeeping). Cut into
-    helpers, each would take and return a dozen of those mutable pieces, and the loop would no
-    longer read from top to bottom as the turn protocol does: sample to the stop word, step the
-    environments, append their answers, repeat.
+    Why one long function (the package's only one over 80 lines; ``tests/test_style.py`` caps
+    it): it is the agent loop of two recipe modules, which call it (``agent``'s
+    ``AgentTrainer.play``, inherited by the recipes built on that trainer, and ``retool``'s), and
+    its state lives across the turn loop (the KV cache kept between turns, the preallocated token
+    buffers, each episode's turn bookkeeping). Cut into helpers, each would take and return a
+    dozen of those mutable pieces, and the loop would no longer read from top to bottom as the
+    turn protocol does: sample to the stop word, step the environments, append their answers,
+    repeat. What differs between the plain protocol and a chat template lives in the turn format.
     """
     B = len(envs)
     if len(seeds) != B:
@@ -311,21 +316,18 @@ def rollout_multiturn(
         raise ValueError(f"temperature must be > 0 (use greedy=True for argmax), got {temperature}")
     device = next(model.parameters()).device
     pad, eos = tokenizer.pad_token_id, tokenizer.eos_token_id
-    if chat is not None:  # the template's end-of-turn token ends a turn (often it is EOS)
-        stop_ids = [] if chat.end_of_turn == eos else [chat.end_of_turn]
-    else:
-        stop_ids = tokenizer(stop_word, add_special_tokens=False)["input_ids"] if stop_word else []
+    # the turn boundaries, in ids (chat.py): the rollout never asks which format it has
+    fmt = chat if chat is not None else StopWordFormat(tokenizer, stop_word, keep_stop_word)
+    stop_ids = list(fmt.stop_ids)
     limits = [int(max_turns if max_turns is not None else env.max_turns) for env in envs]
     config = getattr(model, "config", None)
 
     was_training = model.training
     model.eval()
     try:
-        # ---- reset: the context starts with <bos> + the first observation (left-padded) ----
-        # (one tokenizer call for the batch: the same ids as one call per text)
+        # ---- reset: the context starts with the first observation (left-padded) ----
         texts = [env.reset(seed) for env, seed in zip(envs, seeds)]
-        first = [chat.prompt_ids(t) for t in texts] if chat else tokenizer(texts)["input_ids"]
-        ids, attn = _left_pad(first, pad, device)
+        ids, attn = _left_pad(fmt.first_rows(texts), pad, device)
         buf = _Buffer(B, 2 * ids.shape[1] + 4 * max_action_tokens, device)
         buf.append(ids, attn)
 
@@ -352,12 +354,8 @@ def rollout_multiturn(
 
         running = [True] * B
         num_turns = [0] * B
-        terminated, truncated, success, format_ok = (
-            [False] * B,
-            [False] * B,
-            [False] * B,
-            [True] * B,
-        )
+        terminated, truncated, success = [False] * B, [False] * B, [False] * B
+        format_ok = [True] * B
         missing_stop = [0] * B
         actions: list[list[str]] = [[] for _ in range(B)]
         turn_end: list[list[int]] = [[] for _ in range(B)]  # buffer columns, mapped at the end
@@ -418,19 +416,11 @@ def rollout_multiturn(
             obs_rows: list[list[int]] = [[] for _ in range(B)]
             live = [i for i in range(B) if running[i]]
             sampled_rows, steps_rows = sampled.tolist(), steps.tolist()
-            gen = {i: sampled_rows[i][: steps_rows[i]] for i in live}
             last_col = {i: start + steps_rows[i] - 1 for i in live}
             action_ids, closed = [], {}
-            for i in live:
-                ids = gen[i]
-                # a chat turn is closed by the template's end-of-turn token only (often the EOS)
-                closed[i] = chat is None or ids[-1:] == [chat.end_of_turn]
-                if ids and ids[-1] == eos:
-                    ids = ids[:-1]
-                elif stop_ids and ids[-len(stop_ids) :] == stop_ids:
-                    ids = ids if keep_stop_word and chat is None else ids[: -len(stop_ids)]
-                else:
-                    missing_stop[i] += 1
+            for i in live:  # the ids the env gets, whether the turn closed, a missing stop
+                ids, closed[i], missing = fmt.split_action(sampled_rows[i][: steps_rows[i]])
+                missing_stop[i] += missing
                 action_ids.append(ids)
             # one call for the batch: each row decoded as by ``decode``
             texts = tokenizer.batch_decode(action_ids, skip_special_tokens=False)
@@ -473,12 +463,11 @@ def rollout_multiturn(
                 torch.tensor(rewards, dtype=torch.float32, device=device),
                 accumulate=True,
             )
-            if to_encode and chat is not None:  # the tool's turn, in the template's markers
-                for i, obs in to_encode:
-                    obs_rows[i] = chat.observation_ids(obs, closed=closed[i])
-            elif to_encode:  # one tokenizer call for the turn's observations
-                encoded = tokenizer([o for _, o in to_encode], add_special_tokens=False)
-                for (i, _), ids in zip(to_encode, encoded["input_ids"]):
+            if to_encode:
+                encoded = fmt.observation_rows(
+                    [obs for _, obs in to_encode], [closed[i] for i, _ in to_encode]
+                )
+                for (i, _), ids in zip(to_encode, encoded):
                     obs_rows[i] = ids
             if any(running) or any(obs_rows):
                 buf.append(*_left_pad(obs_rows, pad, device))

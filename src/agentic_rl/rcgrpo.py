@@ -43,8 +43,9 @@ from .config import (
     defaults,
     param,
 )
-from .envs import FileSystemEnv
+from .envs import EnvWrapper, FileSystemEnv
 from .rollout import build_segments_batch
+from .train import check_split
 from .utils import CONDITION_DRAW_OFFSET, eval_sampling_seed, fixed_rng, substream, train_seed
 
 __all__ = [
@@ -239,7 +240,7 @@ def simulate_group_variance(
     return rewards.view(groups, group_size).var(dim=1, unbiased=False).mean().item()
 
 
-class RewardConditionedEnv:
+class RewardConditionedEnv(EnvWrapper):
     """An environment whose first observation starts with a reward token (or none).
 
     The token is part of the prompt: the rollout gives it ``loss_mask`` 0 like every observation
@@ -247,19 +248,12 @@ class RewardConditionedEnv:
     the wrapped environment's."""
 
     def __init__(self, env, token: str | None):
-        self.env, self.token = env, token
+        super().__init__(env)
+        self.token = token
 
     def reset(self, seed: int) -> str:
         obs = self.env.reset(seed)
         return f"{self.token} {obs}" if self.token else obs
-
-    def step(self, action_text: str):
-        return self.env.step(action_text)
-
-    def __getattr__(self, name):  # name, max_turns, vocabulary, success, ...
-        if name == "env" or name.startswith("__"):  # not set yet (copy, pickle)
-            raise AttributeError(name)
-        return getattr(self.env, name)
 
 
 class RCGRPOTrainer(AgentTrainer):
@@ -294,9 +288,15 @@ class RCGRPOTrainer(AgentTrainer):
         c = self.config
         return c.warm_start == "rctp" or c.conditioning != "none"
 
-    def make_task(self):
+    def make_task(self, split: str = "train"):
+        check_split(split)
         c = self.config
         return FileSystemEnv(hard_fraction=c.hard_fraction, max_turns=c.max_turns)
+
+    def conditioned_envs(self, tokens: list[str | None]) -> list[RewardConditionedEnv]:
+        """A fresh environment per token, its first observation led by that reward token (``None``:
+        no token): what :meth:`play` takes as ``envs`` to condition episodes."""
+        return [RewardConditionedEnv(self.make_task(), t) for t in tokens]
 
     @functools.cached_property
     def demo_env(self) -> FileSystemEnv:
@@ -338,22 +338,21 @@ class RCGRPOTrainer(AgentTrainer):
         return build_segments_batch(self.tokenizer, rows, self.device)
 
     # ------------------------------------------------------------------ rollout
-    def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, tokens=None):
-        """Episodes as :meth:`AgentTrainer.play`, each with its reward token (``tokens``: one per
-        episode, ``None`` entries for none; default: the evaluation token). ``extras["hard"]``
-        marks the hard family's rows and ``extras["high"]`` the high-conditioned ones."""
+    def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, envs=None):
+        """Episodes as :meth:`AgentTrainer.play`, each with the reward token of its env
+        (``envs``: :meth:`conditioned_envs`, one per episode; default: the evaluation token).
+        ``extras["hard"]`` marks the hard family's rows and ``extras["high"]`` the
+        high-conditioned ones."""
         c, n = self.config, len(seeds) * group_size
-        if tokens is None:
-            tokens = [c.high_token if self.uses_tokens else None] * n
-        envs = [RewardConditionedEnv(self.make_task(), t) for t in tokens]
+        if envs is None:
+            envs = self.conditioned_envs([c.high_token if self.uses_tokens else None] * n)
         batch = super().play(
             seeds, group_size=group_size, greedy=greedy, ref_model=ref_model, envs=envs
         )
         hard = [env.task["family"] == "hard" for env in envs]  # each env reset to its task
         batch.extras["hard"] = torch.tensor(hard, device=batch.input_ids.device)
-        batch.extras["high"] = torch.tensor(
-            [t == c.high_token for t in tokens], device=batch.input_ids.device
-        )
+        high = [isinstance(e, RewardConditionedEnv) and e.token == c.high_token for e in envs]
+        batch.extras["high"] = torch.tensor(high, device=batch.input_ids.device)
         return batch
 
     rollout_is_sharded = True
@@ -368,9 +367,8 @@ class RCGRPOTrainer(AgentTrainer):
         tokens = self._draw_tokens(len(seeds), substream("rcgrpo-tokens", c.seed, self.step))
         # under torchrun: this rank's share of the tasks, each with its group's tokens
         seeds, tokens = dist.shard(seeds), dist.shard(tokens)
-        return self.play(
-            seeds, group_size=c.num_generations, tokens=tokens, ref_model=self.ref_model
-        )
+        envs = self.conditioned_envs(tokens)
+        return self.play(seeds, group_size=c.num_generations, ref_model=self.ref_model, envs=envs)
 
     def _draw_tokens(self, num_groups: int, rng: random.Random | None = None) -> list:
         """The reward token of each rollout of ``num_groups`` groups, by ``conditioning``
@@ -413,8 +411,8 @@ class RCGRPOTrainer(AgentTrainer):
             runs.append(("low", False, c.eval_samples, c.low_token))
         with fixed_rng(eval_sampling_seed(c.seed), self.device):
             for name, greedy, g, token in runs:
-                tokens = None if token is None else [token] * (len(seeds) * g)
-                b = self.play(seeds, group_size=g, greedy=greedy, tokens=tokens)
+                envs = None if token is None else self.conditioned_envs([token] * len(seeds) * g)
+                b = self.play(seeds, group_size=g, greedy=greedy, envs=envs)
                 ok, hard = b.extras["success"].float(), b.extras["hard"]
                 out[f"{name}_success"] = ok.mean().item()
                 out[f"{name}_success_easy"] = ok[~hard].mean().item() if (~hard).any() else None
@@ -423,8 +421,8 @@ class RCGRPOTrainer(AgentTrainer):
                 out[f"{name}_turns"] = b.extras["num_turns"].float().mean().item()
             # groups of G on the held-out tasks, tokens drawn as in training: how many would
             # give no gradient (the same policy under GRPO's and RC-GRPO's sampling)
-            tokens = self._draw_tokens(len(seeds))
-            b = self.play(seeds, group_size=c.num_generations, tokens=tokens)
+            envs = self.conditioned_envs(self._draw_tokens(len(seeds)))
+            b = self.play(seeds, group_size=c.num_generations, envs=envs)
             hard = b.extras["hard"]
             for name, rows in (("", None), ("_easy", ~hard), ("_hard", hard)):
                 out[f"zero_std{name}"] = zero_std_fraction(b.scores, b.group_id, rows)

@@ -37,6 +37,7 @@ from .config import FULL_MODEL, AgentFields, ConfigError, CriticFields, defaults
 from .envs import make_env
 from .losses import policy_loss
 from .rollout import Batch, build_segments_batch, sequence_logprobs
+from .train import check_split
 from .utils import EVAL_SAMPLING_OFFSET, eval_sampling_seed, fixed_rng, train_seed
 
 __all__ = [
@@ -436,7 +437,12 @@ class ReToolTrainer(AgentTrainer):
             self._pool.close()
             self._pool = None
 
-    def make_task(self, *, tool_enabled: bool = True, pool: sandbox.Pool | None = None):
+    def make_task(
+        self, split: str = "train", *, tool_enabled: bool = True, pool: sandbox.Pool | None = None
+    ):
+        """The environment (one split), with the interpreter on or off (``tool_enabled``), its
+        snippets run in ``pool`` (:attr:`pool` in a rollout; ``None``: a fresh sandbox each)."""
+        check_split(split)
         c = self.config
         # the chat env's tool output is cut in characters, the word-level env's in tokens
         size = "max_output_chars" if c.env == "python-tool" else "max_output_tokens"
@@ -500,9 +506,11 @@ class ReToolTrainer(AgentTrainer):
         group_size: int = 1,
         greedy: bool = False,
         ref_model=None,
-        tool_enabled: bool = True,
+        envs: list | None = None,
     ) -> Batch:
-        """``group_size`` episodes per problem seed, the interpreter in the loop.
+        """``group_size`` episodes per problem seed, the interpreter in the loop (``envs``: one
+        per episode; default: ``make_task(pool=self.pool)`` each; the tool off:
+        ``make_task(tool_enabled=False)``).
 
         ``extras`` gets, per row: ``tool_calls``, ``tool_errors``, ``answered`` and
         ``hallucinated`` (the policy wrote interpreter output itself).
@@ -510,9 +518,9 @@ class ReToolTrainer(AgentTrainer):
         from .multiturn import rollout_multiturn
 
         c = self.config
-        pool = self.pool
-        n = len(seeds) * group_size
-        envs = [self.make_task(tool_enabled=tool_enabled, pool=pool) for _ in range(n)]
+        if envs is None:
+            pool = self.pool
+            envs = [self.make_task(pool=pool) for _ in range(len(seeds) * group_size)]
         batch = rollout_multiturn(
             self.model,
             self.tokenizer,
@@ -625,7 +633,9 @@ def evaluate_retool(
     with fixed_rng(seed, trainer.device):
         runs = (("greedy", True, 1, True), ("sampled", False, samples, True))
         for name, greedy, g, tool in runs + (("tool_off", False, samples, False),):
-            b = trainer.play(seeds, group_size=g, greedy=greedy, tool_enabled=tool)
+            pool, n = trainer.pool, len(seeds) * g
+            envs = [trainer.make_task(tool_enabled=tool, pool=pool) for _ in range(n)]
+            b = trainer.play(seeds, group_size=g, greedy=greedy, envs=envs)
             x = b.extras
             out[f"{name}_accuracy"] = b.correct.float().mean().item()
             out[f"{name}_format_rate"] = b.format_ok.float().mean().item()

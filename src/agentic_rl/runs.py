@@ -134,14 +134,21 @@ def _check_updates(trainer) -> None:
 
 
 def run_arms(
-    trainer_cls, config: RLConfig, arms: dict[str, dict], *, start_fields: tuple[str, ...] = ()
+    trainer_cls,
+    config: RLConfig,
+    arms: dict[str, dict],
+    *,
+    start_fields: tuple[str, ...] = (),
+    warm_start=None,
 ) -> dict:
     """Train the arms of a lab from shared warm starts: ``arms`` maps an arm's name to the config
     fields it changes; arms that agree on ``start_fields`` share one warm start (SFT, trained once
-    with the first such arm's config). Every arm's RL then starts from a copy of its warm start,
-    with the same seed (same tasks, same sampling stream: the task stream continues from where the
-    warm start left it). Returns the trained trainers by arm name; each holds its warm start's
-    ``sft_history``. In memory only: for checkpoints, run one arm per CLI call."""
+    with the first such arm's config, by ``warm_start(trainer)``: default ``trainer.sft()``, all
+    ``sft_steps``; a lab may stop it earlier by a rule of its own). Every arm's RL then starts
+    from a copy of its warm start, with the same seed (same tasks, same sampling stream: the task
+    stream continues from where the warm start left it). Returns the trained trainers by arm
+    name; each holds its warm start's ``sft_history``. In memory only: for checkpoints, run one
+    arm per CLI call."""
     if config.output_dir is not None:
         raise ConfigError(
             "output_dir", "run_arms keeps no checkpoints; run one arm per CLI call for that"
@@ -152,7 +159,7 @@ def run_arms(
         key = tuple(getattr(arm, f) for f in start_fields)
         if key not in starts:
             warm = trainer_cls(arm)
-            warm.sft()
+            (warm_start or trainer_cls.sft)(warm)
             starts[key] = warm
         warm = starts[key]
         trainer = trainer_cls(

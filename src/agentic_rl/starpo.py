@@ -41,6 +41,7 @@ from .config import (
 from .envs import BanditEnv, FrozenLakeEnv, MultiActionEnv, SokobanEnv
 from .plotting import collapse_step  # re-exported: the chapter's indicator helper
 from .rollout import Batch
+from .train import check_split
 
 __all__ = [
     "StarPOConfig",
@@ -224,7 +225,8 @@ class StarPOTrainer(AgentTrainer):
     )
 
     # ------------------------------------------------------------------ construction
-    def make_task(self):
+    def make_task(self, split: str = "train"):
+        check_split(split)
         c = self.config
         if c.env == "bandit":
             return BanditEnv(payoffs=c.bandit_payoffs, format_penalty=c.format_penalty)

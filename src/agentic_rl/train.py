@@ -18,7 +18,9 @@ Hooks a recipe may override (public; none of a recipe's overrides is underscored
 ==========================================  ======================================================
 hook                                        when it runs, what it returns
 ==========================================  ======================================================
-``make_task(self)``                         construction: the task or environment (required)
+``make_task(self, split="train")``          construction: the task or environment (required);
+                                            ``split``: a held-out one where the recipe has it
+                                            (GCD's ``"ood"``), else only ``"train"``
 ``make_eval_set(self)``                     construction: held-out problems or seeds (required)
 ``sft_batch(self) -> Batch``                each SFT step: demonstrations (required)
 ``sft_update(self, batch) -> float``        each SFT step: one gradient step, its loss
@@ -105,7 +107,7 @@ from .models import AdaptersOff, build_policy, count_parameters, get_device
 from .rollout import Batch, first_scored_column, sequence_logprobs, shared_prefix_logprobs
 from .utils import grad_scaler, mixed_precision, seed_everything
 
-__all__ = ["Trainer", "sft_step"]
+__all__ = ["Trainer", "sft_step", "check_split"]
 
 
 def sft_step(
@@ -121,6 +123,12 @@ def sft_step(
     torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm)
     optimizer.step()
     return loss.item()
+
+
+def check_split(split: str, splits: tuple[str, ...] = ("train",)) -> None:
+    """Refuse a ``make_task`` split that the recipe does not have."""
+    if split not in splits:
+        raise ValueError(f"unknown split {split!r}: this recipe's tasks have {list(splits)}")
 
 
 class _UpdateLog:
@@ -213,8 +221,10 @@ class Trainer:
         self.skip_reason: str | None = None  # why the last skipped update was skipped
 
     # ------------------------------------------------------------------ hooks a recipe fills in
-    def make_task(self):
-        """The task or environment the recipe trains on."""
+    def make_task(self, split: str = "train"):
+        """The task or environment the recipe trains on (``split="train"``), or one of a held-out
+        split where the recipe has one; a recipe without splits refuses any other
+        (:func:`check_split`)."""
         raise NotImplementedError(f"{type(self).__name__} must define make_task")
 
     def make_eval_set(self) -> list:
@@ -625,7 +635,8 @@ class Trainer:
             self.save_checkpoint()
 
     def save_checkpoint(self, path: str | None = None) -> str | None:
-        """All it takes to continue bit-for-bit: weights, optimizer, RNG streams, histories, evals.
+        """All it takes to continue bit-for-bit: weights, optimizer, RNG streams, histories, evals
+        (:func:`~agentic_rl.checkpoint.state_of`, read back by :meth:`load_checkpoint`).
 
         Plain types and tensors only (see :mod:`agentic_rl.checkpoint`), so loading runs no code.
         Under torchrun rank 0 writes it, with every rank's RNG streams (``rank_rng``); call it on
@@ -640,29 +651,7 @@ class Trainer:
         rngs = dist.all_gather_object(ckpt.rng_state(self.problem_rng))  # one per rank
         if not dist.is_main():
             return path
-        ref = self.ref_model
-        state = {
-            "phase": self.phase,
-            "step": self.step,
-            "model": ckpt.policy_state(self.model, lora=self.config.use_lora),
-            "optimizer": self.optimizer.state_dict(),
-            "ref_model": (
-                "adapters_off"
-                if isinstance(ref, AdaptersOff)
-                else (None if ref is None else ref.state_dict())
-            ),
-            "rng": rngs[0],
-            "sft_history": self.sft_history,
-            "history": self.history,
-            "evals": self.evals,
-            "wall_time": self.wall_time,
-            "config": self.config.to_dict(),
-            **ckpt.scaler_state(self.scaler),  # fp16 runs only
-            **self.extra_state(),
-        }
-        if len(rngs) > 1:
-            state["rank_rng"] = rngs  # rank r's streams, to resume on as many ranks
-        ckpt.save(state, path)
+        ckpt.save(ckpt.state_of(self, rngs), path)
         out = self.config.output_dir
         if out and os.path.dirname(os.path.abspath(path)) == os.path.abspath(out) and self.history:
             ckpt.write_csv(self.history, os.path.join(out, "metrics.csv"))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from .arithmetic import AdditionTask
 from .bandit import BanditEnv
-from .base import MultiTurnEnv, Problem, Score, Task
+from .base import EnvWrapper, MultiTurnEnv, Problem, Score, Task
 from .filesystem import FileSystemEnv
 from .frozenlake import FrozenLakeEnv
 from .household import HouseholdEnv
@@ -48,6 +48,7 @@ __all__ = [
     "AdditionTask",
     "BanditEnv",
     "ENVS",
+    "EnvWrapper",
     "FileSystemEnv",
     "FrozenLakeEnv",
     "HouseholdEnv",

@@ -85,6 +85,28 @@ class MultiTurnEnv(Protocol):
         (demonstrations for the SFT warm start)."""
 
 
+class EnvWrapper:
+    """An environment seen through a wrapper (as gymnasium's ``Wrapper``): ``reset`` and ``step``
+    go to the wrapped ``env``, and every attribute the wrapper does not have is the env's
+    (``name``, ``max_turns``, ``vocabulary``, ``success``, ...). A subclass overrides what it
+    changes. (A wrapped env steps one episode at a time: the rollout batches the steps of an env
+    *class* that defines ``step_batch``, and a wrapper does not.)"""
+
+    def __init__(self, env):
+        self.env = env
+
+    def __getattr__(self, name):
+        if name == "env" or name.startswith("__"):  # not set yet (copy, pickle)
+            raise AttributeError(name)
+        return getattr(self.env, name)
+
+    def reset(self, seed: int) -> str:
+        return self.env.reset(seed)
+
+    def step(self, action_text: str) -> tuple[str, float, bool, dict]:
+        return self.env.step(action_text)
+
+
 def noisy_expert_action(env, rng: random.Random, error_rate: float) -> str:
     """The env's expert action, replaced with probability ``error_rate`` by one of its other
     action words (uniformly, drawn from ``rng``): a mixed-quality teacher's choice."""
