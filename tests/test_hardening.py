@@ -1261,6 +1261,10 @@ def _history_short(state):
     state["history"] = state["history"][:1]
 
 
+def _loss_a_string(state):  # the probe's §9: accepted, then written into metrics.csv
+    state["history"][0]["loss"] = "0.5; rm -rf"
+
+
 TAMPERED = [
     (_set("step", "two"), "step 'two' is not a number of steps"),  # TypeError in preflight
     (_set("history", None), "history is not a list of rows"),
@@ -1274,6 +1278,7 @@ TAMPERED = [
     (_wrong_shape, "its model does not fit this run"),
     (_optimizer_shape, "its optimizer does not fit this run"),
     (_history_short, "rl step 2 with 1 rows of rl history"),
+    (_loss_a_string, "history[0]['loss'] is str, not a number"),
     (_set("wall_time", float("nan")), "wall_time nan"),
     (_set("evals", {"later": {}}), "evals is not a dict"),
 ]

@@ -316,6 +316,10 @@ def check_contents(state: dict, config, path: str) -> None:
         rows = state[key]
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             bad(f"{key} is not a list of rows")
+        for i, row in enumerate(rows):  # (rows go to metrics.csv and the summary as numbers)
+            for name, value in row.items():
+                if not isinstance(name, str) or not isinstance(value, (int, float, type(None))):
+                    bad(f"{key}[{i}][{name!r}] is {type(value).__name__}, not a number")
     rows = state["history" if phase == "rl" else "sft_history"]
     if len(rows) != step:
         bad(f"{phase} step {step} with {len(rows)} rows of {phase} history")
