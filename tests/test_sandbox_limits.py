@@ -129,3 +129,11 @@ def test_snippet_writes_a_few_files(launcher):
     with sandbox.Pool(1, timeout_s=5) as pool:
         r = pool.run(code)
         assert r.ok and r.stdout == "['a', 'b', 'sub'] sub/csub/csub/c\n", r
+
+
+@needs_jail
+def test_the_jail_does_not_show_the_host_name():
+    # the probe's §9: the jail showed the host's hostname; its own UTS namespace names it
+    with sandbox.Pool(1, timeout_s=5) as pool:
+        assert pool.run("import os; print(os.uname().nodename)").stdout == "sandbox\n"
+    assert os.uname().nodename != "sandbox"

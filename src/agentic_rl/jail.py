@@ -133,6 +133,7 @@ def _bwrap_options(script: str | None, base: str, userns: bool, seccomp_fd: int 
     # its input instead (the trainer gone), and the trainer kills bwrap and zygote as one group.
     options = [shutil.which("bwrap"), "--as-pid-1", "--unshare-ipc"]
     options += ["--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    options += ["--hostname", "sandbox"]  # (its own UTS namespace: not the host's name)
     if userns:
         options.append("--unshare-user")
     bound = []
