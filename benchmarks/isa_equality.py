@@ -7,7 +7,7 @@ next to the record's, and writes both cells to --out, so that the same command o
 kind gives files to compare (``cmp`` or ``diff``). Adopting the forced ISA in ``utils.setup`` and
 ``.ci/run`` would only make sense if the forced runs were equal on both kinds.
 
-    python benchmarks/isa_equality.py --lab gigpo --seed 0 --arm GiGPO --out runs/isa
+    python benchmarks/isa_equality.py --lab gigpo --seed 0 --arm "GiGPO long" --out runs/isa
 
 ``--smoke``: a check that the whole script runs in seconds: both processes run the cell as the
 command line does (``records.run_cells``, the cell written as JSON) with the lab's config cut to
@@ -63,7 +63,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--lab", default="gigpo")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--arm", default="GiGPO")
+    p.add_argument("--arm", default="GiGPO long")
     p.add_argument("--out", default=None, help="folder for the two cells [runs/isa]")
     p.add_argument("--smoke", action="store_true",
                    help="a check that the script runs, in seconds: the cells cut to one SFT and "
