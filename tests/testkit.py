@@ -44,7 +44,7 @@ TINY_RECIPE = {
     "gigpo": dict(sft_steps=0, max_steps=1, prompts_per_step=2, num_generations=4, eval_size=2),
     "early-experience": dict(sft_steps=6, sft_batch_size=4, initial_steps=2, world_model_steps=2,
                              num_demos=3, num_alternatives=2, proposals=4, prompts_per_step=2,
-                             num_generations=4, eval_size=2),
+                             num_generations=4, eval_size=2, alternatives="any"),
 }  # fmt: skip
 
 

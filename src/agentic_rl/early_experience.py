@@ -31,15 +31,14 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import random
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from . import bounds
 from .agent import AgentTrainer
+from .checkpoint import rng_state, set_rng_state
 from .config import (
     GROUP_AGENT_DEFAULTS,
     GROUP_AGENT_FULL,
@@ -56,6 +55,9 @@ from .utils import eval_sampling_seed, fixed_rng, substream, train_seed
 
 __all__ = [
     "STARTS",
+    "RATIONALES",
+    "VALID",
+    "probe_steps",
     "Transition",
     "ExperienceHousehold",
     "expert_transitions",
@@ -79,6 +81,11 @@ __all__ = [
 
 #: The warm starts the lab compares (every one then trained with the same GRPO).
 STARTS = ("imitation", "world_model", "reflection")
+#: What the reflection rows do with their rationale: train it (eq. ee-sr), leave it untrained
+#: (the control: the same rows, the expert's action alone), or train another pair's (a placebo).
+RATIONALES = ("trained", "untrained", "shuffled")
+#: The labels of the alternatives the environment executes (legal, and possible where it stands).
+VALID = ("good", "flawed")
 STOP = "</action>"
 #: Words of the next-state text of an ending step and of the reflection template.
 _EXTRA_WORDS = "success out of turns think gives closer no too impossible not an action , ;".split()
@@ -208,12 +215,17 @@ def collect_alternatives(
     k: int,
     proposals: int,
     seed: int,
+    kinds: tuple[str, ...] | None = None,
+    proposed: dict[str, int] | None = None,
 ) -> list[list[list[Transition]]]:
     """Eq. ee-data: at each expert state, ``proposals`` actions sampled from the current policy
     (``trainer.model``, at its temperature, in a torch stream of its own seeded ``seed``), each
     executed in a fresh copy of the environment replayed to that state; the first ``k`` distinct
     ones whose next state differs from the expert's are kept (the paper's alternatives all differ
-    from the expert action). Returns, per episode and step, the kept alternatives."""
+    from the expert action). With ``kinds``, only proposals the environment labels so qualify
+    (``VALID``: the ones it executes; the policy's proposals conditioned on a legal, possible
+    action). ``proposed``, if given, counts the labels of every proposal. Returns, per episode
+    and step, the kept alternatives (at most ``k``)."""
     if k < 1:
         raise RunError(f"num_alternatives must be >= 1, got {k}")
     branches, where = [], []
@@ -226,6 +238,9 @@ def collect_alternatives(
             where.append((e, i))
     with fixed_rng(seed, trainer.device):
         trainer.play([0] * len(branches), envs=branches)  # one turn each: the alternative
+    for branch in branches if proposed is not None else ():  # every proposal, kept or not
+        kind = branch.outcome[1]["kind"]
+        proposed[kind] = proposed.get(kind, 0) + 1
     out = [[[] for _ in steps] for steps in episodes]
     for n, (e, i) in enumerate(where):
         expert = episodes[e][i]
@@ -234,6 +249,8 @@ def collect_alternatives(
             obs, info = branch.outcome
             after = next_state_text(obs, info)
             if branch.action in seen or after == expert.next_state:
+                continue
+            if kinds is not None and info["kind"] not in kinds:
                 continue
             seen.add(branch.action)
             out[e][i].append(Transition(expert.state, branch.action, after, info["kind"]))
@@ -274,11 +291,20 @@ def world_model_rows(transitions: list[Transition]) -> list[list[tuple[str, bool
     ]
 
 
-def reflection_rows(pairs: list[tuple[Transition, Transition]]) -> list[list[tuple[str, bool]]]:
-    """Eq. ee-sr: the state as context; the expert's action and then the rationale trainable."""
+def reflection_rows(
+    pairs: list[tuple[Transition, Transition]],
+    rationales: list[tuple[Transition, Transition]] | None = None,
+    *,
+    trained: bool = True,
+) -> list[list[tuple[str, bool]]]:
+    """Eq. ee-sr: the state as context; the expert's action and then the rationale trainable.
+    The two controls of the lab: ``trained=False`` leaves the rationale untrained (context after
+    the action, so the rows train the expert's action alone); ``rationales`` writes each row's
+    rationale from another pair (the shuffled placebo: rationale-shaped text, wrong content)."""
+    rationales = pairs if rationales is None else rationales
     return [
-        [(e.state, False), (f"{e.action} {STOP}", True), (reflection_text(e, a), True)]
-        for e, a in pairs
+        [(e.state, False), (f"{e.action} {STOP}", True), (reflection_text(*r), trained)]
+        for (e, _), r in zip(pairs, rationales, strict=True)
     ]
 
 
@@ -314,7 +340,7 @@ class EarlyExperienceConfig(AgentFields, HouseholdFields):
         300, "Warm-start steps, all included: initial_steps, then the start's own (same budget)."
     )
     sft_learning_rate: float = param(3e-3, "Warm-start learning rate.")
-    max_steps: int = param(30, "GRPO steps after the warm start.")
+    max_steps: int = param(60, "GRPO steps after the warm start.")
     max_action_tokens: int = param(
         5, "Tokens of one action: 'take mug from table' and the stop word."
     )
@@ -347,9 +373,9 @@ class EarlyExperienceConfig(AgentFields, HouseholdFields):
         why="alternatives per expert state (the paper ablates 1 to 8)",
     )
     proposals: int = param(
-        16,
+        48,
         "Actions sampled from the initial policy per state, of which the first K distinct "
-        "non-expert ones are kept.",
+        "non-expert ones that qualify (see alternatives) are kept.",
         high=1024,
         why="actions sampled per expert state, all played at once",
     )
@@ -359,6 +385,31 @@ class EarlyExperienceConfig(AgentFields, HouseholdFields):
         "expert's transitions) after initial_steps; imitation takes the rest of sft_steps. 25 "
         "steps of 32 rows are about one pass over the ~800 transitions of the defaults (the "
         "paper's schedule, per a secondary summary: one epoch, then imitation).",
+    )
+    alternatives: str = param(
+        "valid",
+        "Which proposals qualify as alternatives: 'valid' (only actions the household executes: "
+        "the initial policy's proposals given that they are legal and possible; the paper's "
+        "come from a language model that writes plausible actions) or 'any' (malformed and "
+        "impossible ones too).",
+    )
+    world_model_mix: float = param(
+        0.0,
+        "'world_model': share of each batch of the imitation stage that stays world-model rows "
+        "(0: the paper's two stages; > 0: a mixed schedule that keeps training the world model).",
+    )
+    rationale: str = param(
+        "trained",
+        "'reflection': 'trained' (eq. ee-sr), 'untrained' (the control: the same rows, the "
+        "rationale left as untrained context) or 'shuffled' (a placebo: each row trains the "
+        "rationale of another pair).",
+    )
+    probe_every: int = param(
+        15,
+        "Warm-start steps between two measurements of the next-state loss (also measured at the "
+        "end of the initial policy and of the world-modelling stage); 0: never.",
+        high=10**6,
+        why="warm-start steps between two probes",
     )
     reflection_share: float = param(
         0.5,
@@ -396,6 +447,18 @@ class EarlyExperienceConfig(AgentFields, HouseholdFields):
             )
         if not 0.0 < self.reflection_share <= 1.0:
             self._bad("reflection_share", "must be in (0, 1]")
+        if self.alternatives not in ("valid", "any"):
+            self._bad("alternatives", "must be 'valid' or 'any'")
+        if not 0.0 <= self.world_model_mix < 1.0:
+            self._bad("world_model_mix", "must be in [0, 1) (a share of each imitation batch)")
+        if self.world_model_mix and self.start != "world_model":
+            self._bad("world_model_mix", "mixes world-model rows into start='world_model' only")
+        if self.rationale not in RATIONALES:
+            self._bad("rationale", f"must be one of {', '.join(map(repr, RATIONALES))}")
+        if self.rationale != "trained" and self.start != "reflection":
+            self._bad("rationale", "changes the reflection rows of start='reflection' only")
+        if self.probe_every < 0:
+            self._bad("probe_every", "must be >= 0 (0: no probes)")
 
     _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
 
@@ -419,6 +482,11 @@ class EarlyExperienceTrainer(AgentTrainer):
     def __init__(self, config: EarlyExperienceConfig, **kwargs):
         #: per expert episode and step, the kept alternatives (None until collected)
         self.alternatives: list[list[list[Transition]]] | None = None
+        #: the next-state loss in domain after each probed warm-start step (``probe_steps``)
+        self.probes: dict[int, float] = {}
+        self._held_out: dict[str, Batch] = {}  # the next-state loss's rows, per split
+        #: the labels of every proposal of the initial policy (``collect_experience``)
+        self.proposed: dict[str, int] = {}
         super().__init__(config, **kwargs)
         check_replayable(self.make_task(), self.demo_seeds[0])  # before any compute
 
@@ -444,9 +512,11 @@ class EarlyExperienceTrainer(AgentTrainer):
         ``initial_steps``)."""
         c = self.config
         seed = substream("early-experience-alternatives", c.seed, 0).randrange(2**31)
+        self.proposed = {}
         return collect_alternatives(
             self, self.demo_seeds, self.expert_episodes, k=c.num_alternatives,
-            proposals=c.proposals, seed=seed,
+            proposals=c.proposals, seed=seed, kinds=VALID if c.alternatives == "valid" else None,
+            proposed=self.proposed,
         )  # fmt: skip
 
     def _pools(self) -> tuple[list[Transition], list[tuple[Transition, Transition]]]:
@@ -460,41 +530,58 @@ class EarlyExperienceTrainer(AgentTrainer):
         if not pairs:
             raise RunError(
                 "the initial policy proposed no alternative that differs from the expert's "
-                "action: raise proposals or temperature, or lower initial_steps"
+                f"action (alternatives={self.config.alternatives!r}): raise proposals or "
+                "temperature, or lower initial_steps, or let any proposal qualify"
             )
         return world, pairs
 
     def sft_batch(self) -> Batch:
         """One warm-start batch: expert episodes during ``initial_steps`` and for 'imitation';
-        then world-model rows for ``world_model_steps`` ('world_model'), or reflection rows mixed
-        with expert episodes ('reflection'). Drawn from a stream of the step (the task stream
-        of RL is the same for every start)."""
+        then world-model rows for ``world_model_steps`` ('world_model', and a ``world_model_mix``
+        share of the imitation after it), or reflection rows mixed with expert episodes
+        ('reflection'). Drawn from a stream of the step (the task stream of RL is the same for
+        every start; the three reflection arms draw the same states, actions and episodes)."""
         c, n = self.config, self.config.sft_batch_size
         rng = substream("early-experience-sft", c.seed, self.step)
         stage = self.step - c.initial_steps
         if stage < 0 or c.start == "imitation":
-            rows = imitation_rows(rng.choices(self.expert_episodes, k=n))
-        else:
-            if self.alternatives is None:
-                self.alternatives = self.collect_experience()
-            world, pairs = self._pools()
-            if c.start == "world_model" and stage < c.world_model_steps:
-                rows = world_model_rows(rng.choices(world, k=n))
-            elif c.start == "reflection":
-                m = round(n * c.reflection_share)
-                rows = reflection_rows(rng.choices(pairs, k=m))
-                rows += imitation_rows(rng.choices(self.expert_episodes, k=n - m))
-            else:
-                rows = imitation_rows(rng.choices(self.expert_episodes, k=n))
+            return self._rows(imitation_rows(rng.choices(self.expert_episodes, k=n)))
+        if self.alternatives is None:
+            self.alternatives = self.collect_experience()
+        world, pairs = self._pools()
+        if c.start == "world_model" and stage < c.world_model_steps:
+            return self._rows(world_model_rows(rng.choices(world, k=n)))
+        if c.start == "world_model":  # the imitation stage, with world-model rows if mixed
+            m = round(n * c.world_model_mix)
+            rows = imitation_rows(rng.choices(self.expert_episodes, k=n - m))
+            return self._rows(rows + world_model_rows(rng.choices(world, k=m)))
+        m = round(n * c.reflection_share)  # 'reflection'
+        chosen = rng.choices(pairs, k=m)
+        others = None  # the placebo's rationales: other pairs, from a stream of their own
+        if c.rationale == "shuffled":
+            others = substream("early-experience-shuffled", c.seed, self.step).choices(pairs, k=m)
+        rows = reflection_rows(chosen, others, trained=c.rationale != "untrained")
+        return self._rows(rows + imitation_rows(rng.choices(self.expert_episodes, k=n - m)))
+
+    def _rows(self, rows) -> Batch:
         return build_segments_batch(self.tokenizer, rows, self.device)
+
+    def sft_update(self, batch: Batch) -> float:
+        """One warm-start step, then the next-state probe where ``probe_steps`` asks for one."""
+        loss = super().sft_update(batch)
+        if self.step + 1 in probe_steps(self.config):
+            self.probes[self.step + 1] = self.next_state_loss("train")
+        return loss
 
     def extra_state(self) -> dict:
         alts = self.alternatives
         if alts is not None:
             alts = [[[dataclasses.astuple(a) for a in step] for step in ep] for ep in alts]
-        return {"alternatives": alts}
+        return {"alternatives": alts, "probes": dict(self.probes), "proposed": dict(self.proposed)}
 
     def load_extra_state(self, state: dict) -> None:
+        self.probes = dict(state.get("probes", {}))
+        self.proposed = dict(state.get("proposed", {}))
         alts = state.get("alternatives")
         if alts is not None:
             alts = [[[Transition(*a) for a in step] for step in ep] for ep in alts]
@@ -505,9 +592,10 @@ class EarlyExperienceTrainer(AgentTrainer):
     def next_state_loss(self, split: str) -> float:
         """Mean next-token loss (nats per token) of the next states of held-out expert
         transitions: how well the policy's weights predict the environment (eq. ee-iwm's loss)."""
-        episodes = expert_transitions(self.make_task(split), self.eval_problems)
-        rows = world_model_rows([t for ep in episodes for t in ep])
-        batch = build_segments_batch(self.tokenizer, rows, self.device)
+        if split not in self._held_out:
+            episodes = expert_transitions(self.make_task(split), self.eval_problems)
+            self._held_out[split] = self._rows(world_model_rows([t for ep in episodes for t in ep]))
+        batch = self._held_out[split]
         logprobs = sequence_logprobs(self.model, batch.input_ids, batch.attention_mask)
         mask = batch.loss_mask.float()
         return (-(logprobs * mask).sum() / mask.sum()).item()
@@ -533,7 +621,20 @@ class EarlyExperienceTrainer(AgentTrainer):
         out = super().summary()
         if self.alternatives is not None:
             out.update(experience_stats(self.expert_episodes, self.alternatives))
+            total = max(sum(self.proposed.values()), 1)
+            out["proposals_valid_share"] = sum(self.proposed.get(k, 0) for k in VALID) / total
         return out
+
+
+def probe_steps(config: EarlyExperienceConfig) -> list[int]:
+    """The warm-start steps after which the next-state loss is measured: every ``probe_every``,
+    the end of the initial policy and the end of the world-modelling stage (the same steps for
+    every start, so that they compare)."""
+    if config.probe_every == 0:
+        return []
+    every = range(config.probe_every, config.sft_steps + 1, config.probe_every)
+    ends = (config.initial_steps, config.initial_steps + config.world_model_steps)
+    return sorted({*every, *(s for s in ends if s > 0)})
 
 
 def run_starts(
@@ -558,24 +659,15 @@ def run_starts(
     base.sft(steps=config.initial_steps)
     if any(arm.start != "imitation" for arm in configs.values()):
         base.alternatives = base.collect_experience()
-    streams = _random_states()  # each arm samples from here, as its own CLI run would
+    streams = rng_state(base.problem_rng)  # each arm samples from here, as its own CLI run would
     out = {}
     for name, arm in configs.items():
         trainer = copy.deepcopy(base)
         trainer.config = arm
-        _random_states(streams)
+        set_rng_state(streams, trainer.problem_rng)
         trainer.train()
         out[name] = trainer
     return out
-
-
-def _random_states(states: tuple | None = None) -> tuple:
-    """The global random streams (python, numpy, torch), or set them to ``states``."""
-    if states is not None:
-        random.setstate(states[0])
-        np.random.set_state(states[1])
-        torch.random.set_rng_state(states[2])
-    return random.getstate(), np.random.get_state(), torch.random.get_rng_state()
 
 
 CONFIG, TRAINER = EarlyExperienceConfig, EarlyExperienceTrainer
