@@ -9,15 +9,17 @@ import json
 import random
 
 import pytest
+import torch
+from testkit import tiny, tiny_values
 
 from agentic_rl.cli import main
 from agentic_rl.config import ConfigError, RunError
 from agentic_rl.early_experience import (
+    VALID,
     EarlyExperienceConfig,
     EarlyExperienceTrainer,
     ExperienceHousehold,
     Transition,
-    replay_to_state,
     check_replayable,
     collect_alternatives,
     demo_seeds,
@@ -25,16 +27,16 @@ from agentic_rl.early_experience import (
     imitation_rows,
     next_state_text,
     own_observation,
+    probe_steps,
     reflection_rows,
     reflection_text,
+    replay_to_state,
     run_starts,
     world_model_rows,
 )
 from agentic_rl.models import build_tokenizer
 from agentic_rl.rollout import build_segments_batch
 from agentic_rl.utils import setup
-
-from testkit import tiny, tiny_values
 
 
 @pytest.fixture(scope="module")
@@ -103,6 +105,20 @@ def test_alternatives_are_really_executed_and_differ_from_the_expert(trainer):
     assert count > 0
 
 
+def test_valid_alternatives_are_the_executed_proposals_in_sampling_order(trainer):
+    seeds, episodes = trainer.demo_seeds, trainer.expert_episodes
+    tally = {}
+    every = collect_alternatives(trainer, seeds, episodes, k=8, proposals=8, seed=5,
+                                 proposed=tally)
+    valid = collect_alternatives(trainer, seeds, episodes, k=8, proposals=8, seed=5, kinds=VALID)
+    assert sum(tally.values()) == 8 * sum(len(ep) for ep in episodes)  # every proposal counted
+    assert set(tally) <= {"good", "flawed", "invalid", "malformed"}
+    for all_kept, valid_kept in zip(every, valid):
+        for a, v in zip(all_kept, valid_kept):
+            assert v == [t for t in a if t.kind in VALID]  # the same proposals, filtered
+    assert any(t.kind not in VALID for ep in every for step in ep for t in step)
+
+
 def test_collecting_twice_with_one_seed_gives_the_same_data_and_leaves_torch_alone(trainer):
     import torch
 
@@ -164,6 +180,17 @@ def test_reflection_rows_train_the_experts_action_then_the_rationale(tokenizer):
     assert "go to drawer" not in text.split("</action>")[0]  # the alternative is not the action
 
 
+def test_the_reflection_controls_untrain_or_shuffle_the_rationale(tokenizer):
+    (text,) = masked_text(tokenizer, reflection_rows([(EXPERT, ALT)], trained=False))
+    assert text == "go to table </action>"  # the control: the expert's action alone
+    other = (dataclasses.replace(EXPERT, action="take egg from table", next_state="hold egg"),
+             dataclasses.replace(ALT, action="go to fridge"))
+    (text,) = masked_text(tokenizer, reflection_rows([(EXPERT, ALT)], [other]))
+    assert text == f"go to table </action> {reflection_text(*other)}"  # another pair's
+    with pytest.raises(ValueError):
+        reflection_rows([(EXPERT, ALT)], [other, other])
+
+
 def test_reflection_template_contrasts_the_two_next_states():
     assert reflection_text(EXPERT, ALT) == (
         "think : go to drawer gives at drawer : empty . hold nothing , no closer ; "
@@ -197,11 +224,74 @@ def test_every_word_of_the_template_is_in_the_vocabulary(tokenizer, kind):
         (dict(reflection_share=0.0), "reflection_share"),
         (dict(num_demos=0), "num_demos"),
         (dict(max_action_tokens=4), "max_action_tokens"),
+        (dict(alternatives="some"), "alternatives"),
+        (dict(start="world_model", world_model_mix=1.0), "world_model_mix"),
+        (dict(start="imitation", world_model_mix=0.25), "world_model_mix"),
+        (dict(start="reflection", rationale="none"), "rationale"),
+        (dict(start="world_model", rationale="untrained"), "rationale"),
+        (dict(probe_every=-1), "probe_every"),
     ],
 )
 def test_bad_config_values_are_refused_naming_the_field(overrides, field):
     with pytest.raises(ConfigError, match=rf"^{field}: "):
         EarlyExperienceConfig.from_profile("quick", **overrides)
+
+
+def _trained_words(trainer, batch) -> list[list[str]]:
+    convert = trainer.tokenizer.convert_ids_to_tokens
+    return [convert(ids[mask.bool()].tolist()) for ids, mask in zip(batch.input_ids,
+                                                                    batch.loss_mask)]
+
+
+def test_the_arms_batches_differ_only_where_their_control_says():
+    setup(0)
+    base = EarlyExperienceTrainer(tiny("early-experience", sft_batch_size=8))
+    base.sft(steps=base.config.initial_steps)
+    base.alternatives = base.collect_experience()
+    base.step = base.config.initial_steps + base.config.world_model_steps  # the imitation stage
+
+    def batch(**fields):
+        base.config = dataclasses.replace(base.config, **fields)
+        return base.sft_batch()
+
+    trained = batch(start="reflection", rationale="trained")
+    untrained = batch(start="reflection", rationale="untrained")
+    shuffled = batch(start="reflection", rationale="shuffled")
+    assert torch.equal(trained.input_ids, untrained.input_ids)  # the same rows
+    assert (untrained.loss_mask <= trained.loss_mask).all()
+    assert untrained.loss_mask.sum() < trained.loss_mask.sum()
+    t, s = _trained_words(base, trained), _trained_words(base, shuffled)
+    assert t[4:] == s[4:]  # the same expert episodes (reflection_share 0.5 of 8 rows)
+    assert [w[: w.index("</action>") + 1] for w in t[:4]] == \
+        [w[: w.index("</action>") + 1] for w in s[:4]]  # the same actions, other rationales
+    mixed = _trained_words(base, batch(start="world_model", rationale="trained",
+                                       world_model_mix=0.25))
+    assert sum("</action>" not in w for w in mixed) == 2  # a quarter: next states only
+    plain = _trained_words(base, batch(world_model_mix=0.0))
+    assert all("</action>" in w for w in plain)  # the paper's two stages: imitation only
+
+
+def test_the_next_state_probes_measure_without_changing_the_run():
+    runs = {}
+    for every in (0, 3):
+        setup(0)
+        runs[every] = EarlyExperienceTrainer(tiny("early-experience", start="world_model",
+                                                  probe_every=every))
+        runs[every].train()
+    quiet, probed = runs[0], runs[3]
+    assert quiet.probes == {} and probe_steps(quiet.config) == []
+    assert sorted(probed.probes) == probe_steps(probed.config) == [2, 3, 4, 6]
+    assert probed.sft_history == quiet.sft_history  # probing trains nothing, draws nothing
+    drop = ("tokens_per_s", "step_time")
+    rows = [[{k: v for k, v in r.items() if k not in drop} for r in t.history]
+            for t in (quiet, probed)]
+    assert repr(rows[0]) == repr(rows[1])
+    # the last probe is the evaluation's own measurement, on the same weights
+    assert probed.probes[6] == pytest.approx(probed.evals["before"]["id_next_state_loss"])
+    state = probed.extra_state()
+    twin = EarlyExperienceTrainer(probed.config)
+    twin.load_extra_state(state)  # (a checkpoint keeps them)
+    assert twin.probes == probed.probes and twin.proposed == probed.proposed
 
 
 def test_every_start_sees_the_same_rl_task_stream():

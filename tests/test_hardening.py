@@ -172,6 +172,8 @@ TINY_EARLY_EXPERIENCE = [
     "1",
     "--proposals",
     "2",
+    "--alternatives",  # (an untrained policy proposes almost no valid action)
+    "any",
 ]
 
 
