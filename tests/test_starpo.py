@@ -243,6 +243,34 @@ def test_training_the_observation_tokens_puts_the_later_states_in_the_loss():
     assert math.isfinite(t.rl_step()["loss"])
 
 
+def test_the_policy_denominator_reweighs_the_states_trained_loss_and_nothing_else():
+    """With the states trained, 'policy' divides the same summed loss by the policy's tokens
+    (every term of the token mean: surrogate, entropy, KL); with them masked it changes
+    nothing. The ReTool recipe shares the field and the function (agentic_rl.denominator)."""
+    setup(0)
+    t = StarPOTrainer(tiny("starpo", env="frozenlake", max_steps=1, mask_observations=False,
+                           beta=0.0))  # (the KL needs the reference's log-probs: rl_step's)
+    batch = t.rollout()
+    adv = t.compute_advantages(batch) + 0.5 * batch.loss_mask  # every token with a size
+    config, losses = t.config, {}
+    for denominator in ("all", "policy"):
+        t.config = dataclasses.replace(config, loss_denominator=denominator)
+        losses[denominator] = t.compute_loss(batch, adv)[0].detach()
+    t.config = config
+    trained, env = batch.loss_mask.bool(), batch.extras["env_tokens"]
+    ratio = float(trained.sum()) / float((trained & ~env).sum())
+    assert ratio > 1
+    torch.testing.assert_close(losses["policy"], losses["all"] * ratio)
+    masked = dataclasses.replace(batch, extras={})  # (no environment tokens recorded)
+    t.config = dataclasses.replace(config, loss_denominator="policy")
+    torch.testing.assert_close(t.compute_loss(masked, adv)[0].detach(), losses["all"])
+    t.config = config
+    for bad in (dict(loss_denominator="tokens"),
+                dict(loss_denominator="policy", advantage_estimator="gae")):
+        with pytest.raises(ConfigError, match="^loss_denominator: "):
+            tiny("starpo", env="frozenlake", **bad)
+
+
 def test_cli_takes_the_critic_and_kl_in_reward_and_refuses_bad_values(tmp_path, capsys):
     argv = ["starpo", "--advantage-estimator", "gae", "--kl-in-reward", "true", "--beta", "0.001"]
     for k, v in tiny_values("starpo").items():

@@ -34,6 +34,7 @@ from . import distributed as dist
 from . import jail, sandbox
 from .agent import AgentTrainer
 from .config import FULL_MODEL, AgentFields, ConfigError, CriticFields, defaults, param
+from .denominator import PolicyDenominatorFields, over_policy_tokens
 from .envs import make_env
 from .losses import policy_loss
 from .rollout import Batch, build_segments_batch, sequence_logprobs
@@ -67,7 +68,7 @@ TOOL_TIMEOUT_MAX_S = 3600.0
     loss_type="token-mean",
     sft_batch_size=32,
 )
-class ReToolConfig(AgentFields, CriticFields):
+class ReToolConfig(PolicyDenominatorFields, AgentFields, CriticFields):
     """ReTool: code runs inside the rollout; the interpreter's output is masked out of the loss."""
 
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("multiply", "python-tool")
@@ -195,13 +196,6 @@ class ReToolConfig(AgentFields, CriticFields):
         "only, which a snippet can switch off: it can then read and write your files, reach the "
         "network and kill processes). Off: such a machine refuses the run before any compute.",
     )
-    loss_denominator: str = param(
-        "all",
-        "Token-mean denominator: 'all' (every trained token: with mask_interpreter off, the "
-        "interpreter's too) or 'policy' (the policy's own tokens only: the unmasked ablation's "
-        "control, whose interpreter tokens then add to the loss without diluting the weight of "
-        "the policy's). With the mask on the two are the same. GRPO and token-mean only.",
-    )
     resample_on_correct: bool = param(
         False,
         "GRPO-RoC: sample 2 * num_generations episodes per problem, keep num_generations "
@@ -238,7 +232,6 @@ class ReToolConfig(AgentFields, CriticFields):
         self._at_least(("grad_share_every",), 0)
         if self.resample_on_correct and self.advantage_estimator != "grpo":
             self._bad("resample_on_correct", "is a GRPO method: use advantage_estimator 'grpo'")
-        self._check_denominator()
         # the answer segment: <answer>, the product's digits, </answer>, EOS
         need = self.digits_a + self.digits_b + 3
         if self.max_action_tokens < need:
@@ -262,21 +255,6 @@ class ReToolConfig(AgentFields, CriticFields):
         problem = jail.boundary_problem(self.allow_uncontained_code)  # the model's code runs
         if problem:  # only inside bubblewrap, unless the user opts out, by name
             self._bad("allow_uncontained_code", problem)
-
-    def _check_denominator(self) -> None:
-        if self.loss_denominator not in ("all", "policy"):
-            self._bad("loss_denominator", "must be 'all' or 'policy'")
-        if self.loss_denominator == "all":
-            return
-        if self.agg_mode != "token-mean":
-            why = "'policy' rescales a token mean: use loss_type token-mean"
-            self._bad("loss_denominator", why)
-        if self.advantage_estimator != "grpo":
-            why = "'policy' would rescale the critic's value loss too: use advantage_estimator grpo"
-            self._bad("loss_denominator", why)
-        if dist.world_size() > 1:
-            why = "'policy' rescales each rank's loss by its own token counts: run one process"
-            self._bad("loss_denominator", why)
 
     _size_fields: ClassVar[tuple[str, ...]] = ("max_action_tokens", "max_turns")
 
@@ -595,10 +573,8 @@ class ReToolTrainer(AgentTrainer):
         tokens: the policy's tokens keep the weight they have in the masked arm, and the
         interpreter's add to it (sum over all trained tokens / number of policy tokens)."""
         loss, metrics = super().compute_loss(batch, advantages, outputs=outputs)
-        tool = batch.extras.get("env_tokens")
-        if self.config.loss_denominator == "policy" and tool is not None:
-            trained = batch.loss_mask.bool()
-            loss = loss * (trained.sum() / (trained & ~tool).sum().clamp(min=1))
+        if self.config.loss_denominator == "policy":
+            loss = over_policy_tokens(loss, batch)
         return loss, metrics
 
     # ------------------------------------------------------------------ evaluation

@@ -38,6 +38,7 @@ from .config import (
     defaults,
     param,
 )
+from .denominator import PolicyDenominatorFields, over_policy_tokens
 from .envs import BanditEnv, FrozenLakeEnv, MultiActionEnv, SokobanEnv
 from .plotting import collapse_step  # re-exported: the chapter's indicator helper
 from .rollout import Batch
@@ -55,7 +56,7 @@ __all__ = [
 
 @dataclass
 @defaults(sft_batch_size=32, eval_size=128, loss_type="token-mean", num_minibatches=4)
-class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields):
+class StarPOConfig(PolicyDenominatorFields, AgentFields, CriticFields, FrozenLakeFields):
     """RAGEN's StarPO and StarPO-S: whole multi-turn trajectories, and an uncertainty filter."""
 
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("bandit", "frozenlake", "sokoban")
@@ -299,6 +300,17 @@ class StarPOTrainer(AgentTrainer):
             distinct_per_group=distinct_per_group(batch.completions, gid),
             **super().rollout_metrics(batch, keep),
         )
+
+    def compute_loss(
+        self, batch: Batch, advantages: torch.Tensor, *, outputs: tuple | None = None
+    ) -> tuple[torch.Tensor, dict]:
+        """The agent trainer's loss; with ``loss_denominator="policy"`` and the states trained
+        (``mask_observations=False``), divided by the policy's own tokens (the control arm that
+        separates the states' loss from their dilution of the policy's tokens)."""
+        loss, metrics = super().compute_loss(batch, advantages, outputs=outputs)
+        if self.config.loss_denominator == "policy":
+            loss = over_policy_tokens(loss, batch)
+        return loss, metrics
 
     def minibatches(self, n: int) -> list[torch.Tensor | None]:
         """RAGEN's minibatches: ``ceil(n / mini_batch_size)`` gradient steps over a random

@@ -20,7 +20,10 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["evaluations", "curves"]
+__all__ = ["evaluations", "curves", "NO_CLIP"]
+
+#: A max_grad_norm no gradient reaches: the unclipped control arms of the ReTool and StarPO labs.
+NO_CLIP = 1e9
 
 
 def evaluations(trainer) -> dict[str, float]:

@@ -25,11 +25,9 @@ import torch
 from ..envs.multiply import END_INTERP, INTERP
 from ..retool import ReToolConfig, ReToolTrainer, interpreter_tokens
 from ..rollout import sequence_logprobs
+from . import NO_CLIP, curves, evaluations
 from . import arms as lab_arms
-from . import curves, evaluations
 
-#: a gradient norm no step reaches: clipping off
-NO_CLIP = 1e9
 #: the cold start each arm trains from: the plain traces, or traces with retries after an error
 RETRY_TRACES = dict(demo_retry_rate=0.3)
 ARMS = {
