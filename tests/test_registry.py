@@ -94,6 +94,26 @@ def test_mixin_fields_only_where_the_recipe_uses_them(name):
 
 
 @pytest.mark.parametrize("name", sorted(RECIPES))
+def test_a_field_mixin_changes_no_default_of_the_base_it_joins(name):
+    """A field mixin (a dataclass over RLConfig) redeclares RLConfig's fields with RLConfig's
+    defaults: placed before the base chapter among a config's bases, it would silently undo the
+    agent or GRPO defaults (the model's size, the learning rate). Every default of RLConfig's
+    fields is the one the recipe's own chain of bases gives, mixins left out."""
+    config = recipe(name).CONFIG
+    chapter = GRPOConfig if issubclass(config, GRPOConfig) else AgentFields
+    own = [k for k in config.__mro__ if k is config or issubclass(k, chapter)]
+    if len(own) < 2:
+        return  # the base chapter itself
+    for field in dataclasses.fields(RLConfig):
+        got = next(f for f in dataclasses.fields(config) if f.name == field.name)
+        if any(field.name in vars(k).get("__annotations__", {}) for k in own[:1]):
+            continue  # the recipe sets it itself
+        want = next(f for f in dataclasses.fields(own[1]) if f.name == field.name)
+        if want.default is not dataclasses.MISSING:
+            assert got.default == want.default, f"{name}: {field.name} is {got.default!r}"
+
+
+@pytest.mark.parametrize("name", sorted(RECIPES))
 def test_a_registered_recipe_has_a_tiny_config(name):
     """``testkit.tiny(name)``, the tiny run the unit tests build on, exists for every recipe."""
     assert name in TINY_RECIPE, f"add a row for {name!r} to testkit.TINY_RECIPE"

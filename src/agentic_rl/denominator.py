@@ -24,7 +24,9 @@ __all__ = ["PolicyDenominatorFields", "over_policy_tokens"]
 
 @dataclass
 class PolicyDenominatorFields(RLConfig):
-    """``loss_denominator``, for a recipe whose environment tokens can be trained."""
+    """``loss_denominator``, for a recipe whose environment tokens can be trained. Last among a
+    config's bases (as ``FrozenLakeFields``): a field mixin redeclares RLConfig's fields with
+    RLConfig's defaults, which would otherwise override the agent fields' own."""
 
     loss_denominator: str = param(
         "all",

@@ -68,7 +68,7 @@ TOOL_TIMEOUT_MAX_S = 3600.0
     loss_type="token-mean",
     sft_batch_size=32,
 )
-class ReToolConfig(PolicyDenominatorFields, AgentFields, CriticFields):
+class ReToolConfig(AgentFields, CriticFields, PolicyDenominatorFields):
     """ReTool: code runs inside the rollout; the interpreter's output is masked out of the loss."""
 
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("multiply", "python-tool")

@@ -56,7 +56,7 @@ __all__ = [
 
 @dataclass
 @defaults(sft_batch_size=32, eval_size=128, loss_type="token-mean", num_minibatches=4)
-class StarPOConfig(PolicyDenominatorFields, AgentFields, CriticFields, FrozenLakeFields):
+class StarPOConfig(AgentFields, CriticFields, FrozenLakeFields, PolicyDenominatorFields):
     """RAGEN's StarPO and StarPO-S: whole multi-turn trajectories, and an uncertainty filter."""
 
     RECIPE_ENVS: ClassVar[tuple[str, ...]] = ("bandit", "frozenlake", "sokoban")
