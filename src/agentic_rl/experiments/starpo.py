@@ -1,9 +1,12 @@
-"""The StarPO lab's experiment: seven arms on the Bandit and three on slippery FrozenLake.
+"""The StarPO lab's experiment: eight arms on the Bandit and five on slippery FrozenLake.
 
 Per seed and environment, one SFT start (the lab's ``sft_start``), then every arm's RL from a copy
 of it with the same seed: on the Bandit StarPO, StarPO-S and StarPO-S without one part at a time,
-each with and without a critic where the lab asks; on FrozenLake (3 x 3, 40 RL steps, a learning
-rate of 1e-3 to provoke a collapse) StarPO, StarPO-S and StarPO with the states trained. Per arm
+each with and without a critic where the lab asks, and StarPO with the group mean alone as its
+baseline; on FrozenLake (3 x 3, 40 RL steps, a learning rate of 1e-3 to provoke a collapse)
+StarPO, StarPO-S, StarPO with the states trained, and that arm's control pair (issue 43): the
+states trained with the token mean over the policy's tokens and nothing clipped, and StarPO
+unclipped. Per arm
 the record holds the evaluations before and after RL, the Echo-Trap indicators (the last ten steps'
 means, the half-peak steps, the gradient-norm spikes), the update time, and on FrozenLake what the
 lab measures on the final policy: the log-probability of the state tokens (policy and SFT start),
@@ -39,16 +42,14 @@ ARMS = {
     "Bandit: StarPO-S, symmetric clip": dict(preset="starpo-s", epsilon_high=None),
     "Bandit: StarPO, critic": dict(preset="starpo", advantage_estimator="gae"),
     "Bandit: StarPO-S, critic": dict(preset="starpo-s", advantage_estimator="gae"),
+    # the group mean without the std (Dr. GRPO's baseline): the minimal test of the std's role
+    "Bandit: StarPO, mean baseline": dict(preset="starpo", scale_rewards="none"),
     "Lake: StarPO": dict(_STARPO, **LAKE_RL),
     "Lake: StarPO-S": dict(_STARPO_S, **LAKE_RL),
     "Lake: StarPO, states trained": dict(preset="starpo", mask_observations=False, **LAKE_RL),
-}
-#: Arms the next record adds (issue 43; not yet recorded, so not yet in ARMS): the group mean
-#: without the std (Dr. GRPO's baseline), the minimal test of the std's role; and the
-#: states-trained control pair (the token mean over the policy's tokens, nothing clipped; StarPO
-#: unclipped, its pair with the states masked).
-NEXT_ARMS = {
-    "Bandit: StarPO, mean baseline": dict(preset="starpo", scale_rewards="none"),
+    # the states-trained arm's control pair: training the states changes the loss's denominator
+    # (more tokens) and how often the gradient is clipped; the control removes both, and StarPO
+    # unclipped is its pair with the states masked
     "Lake: StarPO, states trained, control": dict(preset="starpo", mask_observations=False,
                                                   loss_denominator="policy",
                                                   max_grad_norm=NO_CLIP, **LAKE_RL),
