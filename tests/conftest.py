@@ -38,6 +38,21 @@ def pytest_report_header(config):
     return None
 
 
+#: Test files run first, before the labs (their tests keep their order). Under ``--dist loadfile``
+#: a file goes to one worker, in the collection order: tests/test_site.py (the book build, then a
+#: minute or more in a browser) would otherwise come last and leave the other worker idle at the
+#: end. At the front it builds the book (``built_book``) long before test_book.py and
+#: test_course_kit.py need it, so none of them waits on another worker's build.
+RUN_FIRST = ("tests/test_site.py",)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    first = [item for item in items if item.nodeid.split("::", 1)[0] in RUN_FIRST]
+    if first:
+        moved = set(map(id, first))
+        items[:] = first + [item for item in items if id(item) not in moved]
+
+
 @pytest.fixture(scope="session")
 def task():
     from agentic_rl.envs import AdditionTask

@@ -186,14 +186,23 @@ def _rows(folder, name="metrics.csv"):
         return list(csv.DictReader(fh))
 
 
-def test_cli_under_torchrun_writes_once_and_resumes(tmp_path):
+@pytest.fixture(scope="module")
+def torchrun_cli(tmp_path_factory):
+    """The CLI's 2-step run under torchrun, run once for the two tests that check it: ``(the
+    finished torchrun, its output folder, the metrics rows it wrote)``. The first test resumes the
+    folder; the second compares Accelerate's run with the rows, read before any resume."""
+    out = tmp_path_factory.mktemp("torchrun") / "run"
+    r = _torchrun(*_cli_args(out, 2))
+    return r, out, _rows(out) if (out / "metrics.csv").exists() else None
+
+
+def test_cli_under_torchrun_writes_once_and_resumes(torchrun_cli):
     from agentic_rl import checkpoint as ckpt
     from agentic_rl.cli import config_from_args
     from agentic_rl.grpo import GRPOConfig
     from agentic_rl.runs import preflight
 
-    out = tmp_path / "run"
-    r = _torchrun(*_cli_args(out, 2))
+    r, out, _ = torchrun_cli
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     summary = json.loads(r.stdout)  # rank 0's summary only: one JSON document on stdout
     assert summary["rl_steps"] == 2
@@ -227,9 +236,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def test_accelerate_launch_runs_the_same_two_ranks(tmp_path):
+def test_accelerate_launch_runs_the_same_two_ranks(tmp_path, torchrun_cli):
     """Accelerate's launcher (``--multi_gpu`` on a CPU-only machine: two gloo ranks; its ``--cpu``
-    flag would start one process) runs what torchrun runs, digit for digit."""
+    flag would start one process) runs what torchrun runs, digit for digit (torchrun's run is
+    ``torchrun_cli``'s)."""
     accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu",
                   "--num_processes", "2", "--num_machines", "1", "--mixed_precision", "no",
                   "--dynamo_backend", "no", "--main_process_port", str(_free_port())]  # fmt: skip
@@ -242,14 +252,14 @@ def test_accelerate_launch_runs_the_same_two_ranks(tmp_path):
     from agentic_rl import checkpoint as ckpt
 
     assert len(ckpt.load(str(tmp_path / "acc" / "checkpoint.pt"))["rank_rng"]) == 2
-    r = _torchrun(*_cli_args(tmp_path / "torchrun", 2))
+    r, _, torchrun_rows = torchrun_cli
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     timing = ("step_time", "tokens_per_s")  # wall-clock columns: everything else equal
 
-    def numbers(folder):
-        return [{k: v for k, v in row.items() if k not in timing} for row in _rows(folder)]
+    def numbers(rows):
+        return [{k: v for k, v in row.items() if k not in timing} for row in rows]
 
-    assert numbers(tmp_path / "acc") == numbers(tmp_path / "torchrun")
+    assert numbers(_rows(tmp_path / "acc")) == numbers(torchrun_rows)
 
 
 def test_cli_under_torchrun_refuses_prompts_that_do_not_divide(tmp_path):

@@ -214,11 +214,20 @@ def test_reference_is_the_base_model_with_adapters_off(base):
     assert not isinstance(t.ref_model, AdaptersOff)
 
 
-def test_saved_adapter_reloads_to_identical_logprobs(base, tmp_path):
+@pytest.fixture(scope="module")
+def one_step(base, tmp_path_factory):
+    """The small run trained one step, its checkpoint in its output folder: trained once for the
+    two tests that start from it (the adapter it saves; the run that resumes its folder)."""
+    out = tmp_path_factory.mktemp("one_step") / "run"
+    first = trainer(base, max_steps=1, output_dir=str(out))
+    first.train()
+    return first, str(out)
+
+
+def test_saved_adapter_reloads_to_identical_logprobs(one_step, base, tmp_path):
     from peft import PeftModel
 
-    t = trainer(base, max_steps=1)
-    t.train()
+    t, _ = one_step
     t.model.save_pretrained(tmp_path / "adapter")
     assert (tmp_path / "adapter" / "adapter_model.safetensors").stat().st_size < 10_000_000
     reloaded = PeftModel.from_pretrained(copy.deepcopy(base[0]), tmp_path / "adapter").eval()
@@ -229,12 +238,10 @@ def test_saved_adapter_reloads_to_identical_logprobs(base, tmp_path):
     assert torch.equal(a, b)
 
 
-def test_checkpoint_keeps_only_the_adapters_and_resumes_identically(base, tmp_path):
+def test_checkpoint_keeps_only_the_adapters_and_resumes_identically(one_step, base):
     whole = trainer(base, max_steps=2)
     whole.train()
-    out = str(tmp_path / "run")
-    first = trainer(base, max_steps=1, output_dir=out)
-    first.train()
+    _, out = one_step  # trainer(base, max_steps=1, output_dir=out), trained
     size = os.path.getsize(os.path.join(out, "checkpoint.pt"))
     assert size < 30_000_000, size  # 1.84 M adapter weights + 2 AdamW moments: 22 MB, not 540
     resumed = trainer(base, max_steps=2, output_dir=out)

@@ -46,7 +46,13 @@ PAGE_CHECK = r"""
   const out = {mathjax: null, math: 0, typeset: 0, untypeset: [], errors: [], raw: [], wide: [],
                figures: [], wrapped: [], width: 0};
   const sleep = ms => new Promise(r => setTimeout(r, ms));
-  for (let i = 0; i < 100 && !(window.MathJax && MathJax.startup && MathJax.startup.promise); i++)
+  // Wait up to 10 s for MathJax on a page that has maths or loads MathJax. A page with neither
+  // (Sphinx adds the script only where there is maths) has nothing to wait for: the wait could
+  // only end with no MathJax, which is what the check then records without waiting.
+  const mathPage = window.MathJax || document.querySelector('script[src*="mathjax" i]')
+    || document.querySelector("span.math, div.math");
+  for (let i = 0; mathPage && i < 100
+       && !(window.MathJax && MathJax.startup && MathJax.startup.promise); i++)
     await sleep(100);
   if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
     await MathJax.startup.promise;
@@ -294,6 +300,28 @@ def measure_site(html: pathlib.Path, exe: str, width: int = 1280, height: int = 
         browser.close()
 
 
+def measure_windows(html: pathlib.Path, exe: str, sizes) -> dict:
+    """``{window width: measure_site(html, exe, width, height)}`` for each ``(width, height)``,
+    one browser per window, measured at once: a page mostly waits (its load, MathJax, the fonts,
+    the check's pauses), so the windows take little longer than one. The browsers start one after
+    another, before the threads that drive them."""
+    import concurrent.futures
+
+    browsers, pages = [], site_pages(html)
+    try:
+        for size in sizes:
+            browsers.append(Browser(exe, *size))
+
+        def visit(browser):
+            return {str(p.relative_to(html)): browser.open(p.as_uri()) for p in pages}
+
+        with concurrent.futures.ThreadPoolExecutor(len(browsers)) as pool:
+            return {size[0]: r for size, r in zip(sizes, pool.map(visit, browsers))}
+    finally:
+        for browser in browsers:
+            browser.close()
+
+
 def problems(page: str, report: dict) -> list[str]:
     """What a reader would see wrong on one page, one line each."""
     found = []
@@ -331,7 +359,7 @@ def site_html(built_book):
 @pytest.fixture(scope="module")
 def measured(site_html, browser_exe):
     """{window width: {page: what the page check measured}}, one browser per window size."""
-    return {size[0]: measure_site(site_html, browser_exe, *size) for size in VIEWPORTS}
+    return measure_windows(site_html, browser_exe, VIEWPORTS)
 
 
 @pytest.mark.xdist_group("book")
