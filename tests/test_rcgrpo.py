@@ -11,14 +11,15 @@ import random
 
 import pytest
 import torch
+from testkit import tiny, tiny_model, tiny_values
 
 from agentic_rl.cli import main
 from agentic_rl.config import ConfigError
-from agentic_rl.rcgrpo import RCGRPOConfig
 from agentic_rl.envs import FileSystemEnv
 from agentic_rl.models import add_lora, add_special_tokens, build_tokenizer
 from agentic_rl.rcgrpo import (
     ARMS,
+    RCGRPOConfig,
     RCGRPOTrainer,
     RewardConditionedEnv,
     draw_conditions,
@@ -28,8 +29,6 @@ from agentic_rl.rcgrpo import (
     zero_std_fraction,
 )
 from agentic_rl.utils import setup
-
-from testkit import tiny, tiny_model, tiny_values
 
 HIGH, LOW = "<|high_reward|>", "<|low_reward|>"
 
@@ -86,6 +85,9 @@ def test_defaults_profiles_and_arms_are_valid():
     "overrides,field",
     [
         (dict(warm_start="rl"), "warm_start"),
+        (dict(warm_start_budget="epoch"), "warm_start_budget"),
+        (dict(warm_start_budget="rows"), "warm_start_budget"),
+        (dict(warm_start_budget=""), "warm_start_budget"),
         (dict(conditioning="low"), "conditioning"),
         (dict(token_assignment="round_robin"), "token_assignment"),
         (dict(p_high=0.0), "p_high"),
@@ -468,6 +470,157 @@ def test_a_warm_start_that_never_succeeds_is_refused_naming_the_field():
         t.sft_batch()
 
 
+# ------------------------------------------------------- the epoch-matched warm start (review M1)
+
+
+def _updates(monkeypatch) -> list[list[list[int]]]:
+    """Record every warm-start gradient step: its rows' tokens, padding cut off."""
+    import agentic_rl.train
+
+    steps, original = [], agentic_rl.train.sft_step
+
+    def recording(model, optimizer, batch, **kw):
+        steps.append([ids[m.bool()].tolist() for ids, m in zip(batch.input_ids,
+                                                                batch.attention_mask)])
+        return original(model, optimizer, batch, **kw)
+
+    monkeypatch.setattr(agentic_rl.train, "sft_step", recording)
+    return steps
+
+
+def _warm(warm="rctp", budget="successes", **kw) -> RCGRPOTrainer:
+    setup(0)
+    conditioning = "none" if warm == "sft" else "high"
+    fields = {**dict(sft_steps=4, sft_batch_size=8, max_steps=1), **kw}
+    config = tiny("rcgrpo", warm_start=warm, warm_start_budget=budget, conditioning=conditioning,
+                  **fields)
+    return RCGRPOTrainer(config)
+
+
+def test_epochs_is_a_budget_of_both_warm_starts_and_its_help_says_what_it_matches():
+    import dataclasses
+
+    for warm in ("sft", "rctp"):
+        RCGRPOConfig(warm_start=warm, warm_start_budget="epochs").check_environment()
+    field = next(f for f in dataclasses.fields(RCGRPOConfig) if f.name == "warm_start_budget")
+    assert "'epochs'" in field.metadata["help"] and "'epochs' is 'successes'" in field.metadata[
+        "help"]
+
+
+def test_epoch_matched_rctp_trains_success_matched_demonstrations_in_sft_sized_batches(
+    monkeypatch,
+):
+    """The same rows as success-matched RCTP, in the same order, cut into batches of
+    sft_batch_size rows (the last one smaller): as many successes as SFT, more gradient steps."""
+    runs = {}
+    for warm, budget in (("sft", "successes"), ("rctp", "successes"), ("rctp", "epochs")):
+        steps = _updates(monkeypatch)
+        t = _warm(warm, budget)
+        t.sft()
+        assert t.phase == "rl" and len(t.sft_history) == 4 and t.warm_carry == ([], [])
+        runs[budget if warm == "rctp" else "sft"] = t, list(steps)
+    (sft, sft_steps), (rctp, rctp_steps), (epoch, epoch_steps) = runs.values()
+    assert sft.warm_seen == {"updates": 4, "rows": 32, "successes": 32}
+    assert epoch.warm_seen["successes"] == rctp.warm_seen["successes"] == 32
+    assert epoch.warm_seen["rows"] == rctp.warm_seen["rows"] > 32  # the failures too
+    assert [len(s) for s in sft_steps] == [8] * 4 and rctp.warm_seen["updates"] == 4
+    sizes = [len(s) for s in epoch_steps]
+    assert set(sizes[:-1]) == {8} and 0 < sizes[-1] <= 8 and len(sizes) > 4
+    assert epoch.warm_seen["updates"] == len(sizes) == -(-epoch.warm_seen["rows"] // 8)
+    flat = [row for step in epoch_steps for row in step]
+    assert flat == [row for step in rctp_steps for row in step]  # the same rows, in order
+    # the RL phase starts from it as from any warm start: fresh optimizer, step 0
+    assert epoch.step == 0 and not epoch.optimizer.state
+
+
+def test_without_failed_demonstrations_epochs_is_successes():
+    t, u = _warm("rctp", "epochs", demo_error_rate=0.0), _warm("rctp", "successes",
+                                                                 demo_error_rate=0.0)
+    t.sft(), u.sft()
+    assert t.warm_seen == u.warm_seen == {"updates": 4, "rows": 32, "successes": 32}
+    assert all(torch.equal(p, q) for p, q in zip(t.model.parameters(), u.model.parameters()))
+
+
+def test_for_sft_epochs_is_successes():
+    t, u = _warm("sft", "epochs"), _warm("sft", "successes")
+    t.sft(), u.sft()
+    assert not t.epoch_matched and t.sft_history == u.sft_history
+    assert all(torch.equal(p, q) for p, q in zip(t.model.parameters(), u.model.parameters()))
+
+
+def test_an_epoch_matched_warm_start_resumes_with_its_carried_rows(tmp_path):
+    whole = _warm("rctp", "epochs")
+    whole.sft()
+    part = _warm("rctp", "epochs", output_dir=str(tmp_path), save_steps=1)
+    part.sft(2)
+    assert part.warm_carry[0]  # rows wait for a full batch across the checkpoint
+    resumed = _warm("rctp", "epochs", output_dir=str(tmp_path), save_steps=1)
+    resumed.load_checkpoint(str(tmp_path / "checkpoint.pt"))
+    assert resumed.warm_carry == part.warm_carry and resumed.warm_seen == part.warm_seen
+    resumed.sft()
+    assert resumed.sft_history == whole.sft_history and resumed.warm_seen == whole.warm_seen
+    assert all(torch.equal(p, q) for p, q in zip(resumed.model.parameters(),
+                                                 whole.model.parameters()))
+
+
+def test_the_warm_start_curve_changes_no_weight_and_no_stream():
+    """Evaluating every 2 steps (a partial last chunk, rows carried across chunks) leaves the
+    weights, the RNG streams and the task stream as one uninterrupted warm start leaves them;
+    the last point is the evaluation the arm records before RL."""
+    from agentic_rl.experiments.rcgrpo import warm_start_with_curve
+
+    states = []
+    for every in (None, 2):
+        t = _warm("rctp", "epochs", sft_steps=5, eval_size=8, eval_samples=2)
+        curve = warm_start_with_curve(t, every)
+        states.append((t, curve, torch.get_rng_state(), random.getstate(),
+                       t.problem_rng.getstate()))
+    (plain, none, *streams), (curved, curve, *streams2) = states
+    assert none == [] and [p["step"] for p in curve] == [2, 4, 5]
+    assert curve[-1]["updates"] == curved.warm_seen["updates"] == plain.warm_seen["updates"]
+    assert torch.equal(streams[0], streams2[0]) and streams[1:] == streams2[1:]
+    assert all(torch.equal(p, q) for p, q in zip(plain.model.parameters(),
+                                                 curved.model.parameters()))
+    ev = curved.evaluate()
+    assert curve[-1]["sampled_success"] == ev["sampled_success"]
+    assert curve[-1]["low_success"] == ev["low_success"]
+    assert curve[-1]["sampled_success_hard"] == ev["sampled_success_hard"]
+
+
+def test_the_curve_changes_nothing_the_record_measures_and_is_recorded():
+    from agentic_rl.experiments import rcgrpo as lab
+
+    arms = ("SFT -> GRPO", "RCTPepoch -> GRPO")
+    values = {k: v for k, v in tiny_values("rcgrpo", sft_steps=3, max_steps=1).items()
+              if k not in ("device", "disable_tqdm")}
+    cells = []
+    for every in (None, 2):
+        setup(0)
+        trainers = lab.train(0, arms, curve_every=every, **values)
+        cells.append({a: lab.measure(t, a, 0) for a, t in trainers.items()})
+    off, on = cells
+    for arm in arms:
+        warm = {k for k in on[arm]["curves"] if k.startswith("warm_")}
+        assert warm == {f"warm_{k}" for k in lab.WARM_CURVE}
+        assert on[arm]["curves"]["warm_step"] == [2.0, 3.0] and not off[arm]["curves"].keys() & warm
+        assert {k: v for k, v in on[arm]["curves"].items() if k not in warm} == off[arm]["curves"]
+        assert str(on[arm]["metrics"]) == str(off[arm]["metrics"])  # (NaN == NaN as text)
+        curve = on[arm]["curves"]
+        assert curve["warm_sampled_success"][-1] == on[arm]["metrics"]["before_sampled_success"]
+    epoch, sft = on["RCTPepoch -> GRPO"]["metrics"], on["SFT -> GRPO"]["metrics"]
+    assert epoch["warm_successes"] == sft["warm_successes"] == sft["warm_rows"] == 3 * 4
+    assert epoch["warm_updates"] > sft["warm_updates"] == 3
+
+
+def test_the_epoch_matched_arms_differ_from_their_success_matched_siblings_only_in_budget():
+    for rl in ("GRPO", "RC-GRPO"):
+        epoch, sibling = dict(ARMS[f"RCTPepoch -> {rl}"]), ARMS[f"RCTP -> {rl}"]
+        assert epoch.pop("warm_start_budget") == "epochs" and "warm_start_budget" not in sibling
+        assert epoch == sibling
+        step = dict(ARMS[f"RCTPstep -> {rl}"])
+        assert step.pop("warm_start_budget") == "steps" and step == sibling
+
+
 def test_arms_share_their_task_stream_whatever_the_warm_start_and_the_token_draw():
     seeds = {}
     for arm, fields in ARMS.items():
@@ -482,7 +635,7 @@ def test_arms_share_their_task_stream_whatever_the_warm_start_and_the_token_draw
         t.step += 1
         t.rollout()
         seeds[arm] = drawn
-    assert len(seeds) == 4 and all(v == seeds["SFT -> GRPO"] for v in seeds.values())
+    assert len(seeds) == 6 and all(v == seeds["SFT -> GRPO"] for v in seeds.values())
 
 
 def test_warm_start_draws_hard_tasks_at_demo_hard_fraction():
@@ -601,7 +754,7 @@ HISTORY_KEYS = {
 }
 
 
-def test_run_arms_trains_the_four_arms_from_shared_warm_starts():
+def test_run_arms_trains_the_arms_from_shared_warm_starts():
     setup(0)
     c = tiny("rcgrpo", sft_steps=3)
     arms = run_arms(c)
@@ -626,6 +779,13 @@ def test_run_arms_trains_the_four_arms_from_shared_warm_starts():
     assert arms["SFT -> GRPO"].sft_history == arms["SFT -> RC-GRPO"].sft_history
     assert rctp.sft_history != arms["SFT -> GRPO"].sft_history
     assert rctp.evals["before"] == rc.evals["before"]
+    # each arm holds what its warm start trained on; the epoch-matched pair shares one
+    epoch, epoch_rc = arms["RCTPepoch -> GRPO"], arms["RCTPepoch -> RC-GRPO"]
+    sft = arms["SFT -> GRPO"]
+    assert epoch.warm_seen == epoch_rc.warm_seen and epoch.sft_history == epoch_rc.sft_history
+    assert epoch.warm_seen["successes"] == sft.warm_seen["successes"] == c.sft_steps * 4
+    assert epoch.warm_seen["updates"] > sft.warm_seen["updates"] == c.sft_steps
+    assert rctp.warm_seen["rows"] == epoch.warm_seen["rows"]
     with pytest.raises(ConfigError, match="^output_dir: ") as exc:
         run_arms(tiny("rcgrpo", output_dir="somewhere"))
     assert exc.value.field == "output_dir"

@@ -18,6 +18,7 @@ from agentic_rl.retool import (
     gradient_share,
     interpreter_span,
     interpreter_tokens,
+    placebo_signs,
     resample_on_correct,
     unmask_interpreter,
 )
@@ -378,6 +379,110 @@ def test_policy_denominator_divides_by_the_policy_tokens_only(trained):
         losses["unmasked", "policy"], losses["masked", "all"] + tool_sum / n_own
     )
     assert n_own < n_all and float(tool_sum.abs()) > 0
+
+
+# --------------------------------------------------------------------------- the placebo
+
+
+def _placebo_config(trained, placebo, **fields):
+    """The lab's control arm (``interpreter_placebo`` as given) on the trained policy's config."""
+    import dataclasses
+
+    from agentic_rl.experiments import retool as lab
+
+    arm = dict(lab.ARMS["control"], interpreter_placebo=placebo)
+    return dataclasses.replace(trained.config, **arm, **fields)
+
+
+def test_placebo_signs_the_interpreter_advantages_and_keeps_the_policy_ones(trained):
+    """On one batch: the placebo's advantages are the control's on the policy's tokens, and
+    plus or minus the control's, one sign per episode, both signs, on the interpreter's (all
+    still in the loss)."""
+    batch = _mixed_batch(trained)
+    tool = unmask_interpreter(batch, trained.model)
+    config, adv = trained.config, {}
+    try:
+        for placebo in (False, True):
+            trained.config = _placebo_config(trained, placebo)
+            adv[placebo] = trained.compute_advantages(batch)
+        share = gradient_share(trained, batch, adv[True])
+    finally:
+        trained.config = config
+    policy = batch.loss_mask.bool() & ~tool
+    assert torch.equal(adv[True][policy], adv[False][policy])
+    control, placebo = adv[False][tool], adv[True][tool]
+    assert torch.equal(placebo.abs(), control.abs()) and bool((control != 0).all())
+    flips = adv[True] * adv[False] < 0  # [B, T]: where the placebo flipped the control's sign
+    rows = tool.any(1)
+    assert bool((flips.any(1) == (flips | ~tool).all(1))[rows].all())  # a row flips as one
+    assert 0 < int(flips.any(1)[rows].sum()) < int(rows.sum())  # some rows flipped, not all
+    assert 0.0 < share < 1.0  # the interpreter tokens still carry gradient
+
+
+def test_placebo_signs_are_their_own_reproducible_stream():
+    tool = torch.rand(16, 40, generator=torch.Generator().manual_seed(0)) < 0.3
+    state, python_state = torch.get_rng_state(), random.getstate()
+    signs = placebo_signs(tool, 0, 3)
+    assert torch.equal(torch.get_rng_state(), state) and random.getstate() == python_state
+    assert torch.equal(signs, placebo_signs(tool, 0, 3))  # every call of a step: the same
+    assert bool((signs[~tool] == 1).all()) and set(signs[tool].tolist()) == {-1, 1}
+    for row, mask in zip(signs, tool):  # one sign per episode, on all its interpreter tokens
+        assert len(set(row[mask].tolist())) <= 1
+    for seed, step in ((0, 4), (1, 3)):
+        assert not torch.equal(signs, placebo_signs(tool, seed, step))
+
+
+def _rewarded(batch):
+    """A rollout whose groups (of two, in generation order) have a row above the other, and so
+    advantages (the tiny policy answers every problem wrong)."""
+    batch.token_rewards[::2, -1] += 2.0
+    return batch
+
+
+def test_placebo_leaves_the_tasks_and_the_sampling_unchanged(trained):
+    """An RL step of the control and of its placebo from the same weights and task stream: the
+    same rollout, then the same task stream and torch stream (the signs draw from neither); the
+    placebo's advantages differ from the control's on that rollout in sign only."""
+    import copy
+
+    start, out = trained.problem_rng.getstate(), {}
+    for placebo in (False, True):
+        config = _placebo_config(trained, placebo, sft_steps=0, grad_share_every=1)
+        t = ReToolTrainer(config, model=copy.deepcopy(trained.model), tokenizer=trained.tokenizer)
+        t.problem_rng.setstate(start)
+        t.start_rl()
+        seen, play, rollout = [], t.play, t.rollout
+        t.play = lambda *a, **k: _rewarded(play(*a, **k))
+        t.rollout = lambda: seen.append(rollout()) or seen[-1]
+        torch.manual_seed(0)
+        try:
+            t.rl_step()
+        finally:
+            t.close()
+        out[placebo] = seen[0], t.problem_rng.getstate(), torch.get_rng_state(), t
+    (batch, tasks, state, t0), (batch1, tasks1, state1, t1) = out[False], out[True]
+    assert torch.equal(batch.input_ids, batch1.input_ids)
+    assert bool(batch1.extras["env_tokens"].any())
+    assert tasks == tasks1 and torch.equal(state, state1)
+    assert t1.history[0]["grad_share"] > 0
+    t1.step = 0  # the step's signs again (the same on every call)
+    adv, adv1 = t0.compute_advantages(batch1), t1.compute_advantages(batch1)
+    assert torch.equal(adv1.abs(), adv.abs()) and not torch.equal(adv1, adv)
+
+
+def test_placebo_needs_the_interpreter_tokens_in_the_loss():
+    with pytest.raises(ConfigError, match="mask_interpreter") as err:
+        tiny("retool", interpreter_placebo=True)
+    assert err.value.field == "interpreter_placebo"
+    assert tiny("retool", interpreter_placebo=True, mask_interpreter=False).interpreter_placebo
+
+
+def test_the_placebo_arm_is_the_control_with_the_placebo_on():
+    from agentic_rl.experiments import retool as lab
+
+    arms = list(lab.ARMS)
+    assert arms[arms.index("control") + 1] == "control, placebo"
+    assert lab.ARMS["control, placebo"] == dict(lab.ARMS["control"], interpreter_placebo=True)
 
 
 # --------------------------------------------------------------------------- GRPO-RoC

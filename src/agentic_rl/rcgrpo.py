@@ -111,8 +111,11 @@ class RCGRPOConfig(AgentFields):
         "successes",
         "What the two warm starts have in common: 'successes' (the paper's convention: each step "
         "draws demonstrations until sft_batch_size of them succeed; SFT trains on those, RCTP on "
-        "those and the failures drawn between them, so RCTP sees every success SFT sees) or "
-        "'steps' (sft_batch_size trajectories a step for both: RCTP sees fewer successes).",
+        "those and the failures drawn between them, so RCTP sees every success SFT sees, in "
+        "batches of about 1.8 x sft_batch_size rows), 'steps' (sft_batch_size trajectories a "
+        "step for both: RCTP sees fewer successes) or 'epochs' (RCTP sees the demonstrations of "
+        "'successes', in batches of sft_batch_size rows: each row weighs what an SFT row weighs, "
+        "in about 1.8x SFT's gradient steps; for SFT, 'epochs' is 'successes').",
     )
     conditioning: str = param(
         "mixed",
@@ -135,8 +138,8 @@ class RCGRPOConfig(AgentFields):
         super().validate()
         if self.warm_start not in ("sft", "rctp"):
             self._bad("warm_start", "must be 'sft' or 'rctp'")
-        if self.warm_start_budget not in ("successes", "steps"):
-            self._bad("warm_start_budget", "must be 'successes' or 'steps'")
+        if self.warm_start_budget not in ("successes", "steps", "epochs"):
+            self._bad("warm_start_budget", "must be 'successes', 'steps' or 'epochs'")
         if self.conditioning not in ("none", "high", "mixed"):
             self._bad("conditioning", "must be 'none', 'high' or 'mixed'")
         if self.token_assignment not in ("bernoulli", "split"):
@@ -162,9 +165,11 @@ class RCGRPOConfig(AgentFields):
 
 #: The lab's arms: which warm start, and which tokens the RL rollouts get. The first four are the
 #: paper's ablation (RCTP success-matched to SFT, the paper's convention); then RCTP step-matched
-#: (as many trajectories as SFT, so fewer successes), and RC-GRPO anchored to the RCTP policy
+#: (as many trajectories as SFT, so fewer successes), RC-GRPO anchored to the RCTP policy
 #: by a KL term (beta = 0.05, a value one summary quotes, not verified as the paper's; the
-#: others: beta = 0).
+#: others: beta = 0), and RCTP epoch-matched: the success-matched demonstrations in batches of
+#: sft_batch_size rows (each success weighs what it weighs in SFT, in ~1.8x SFT's gradient steps;
+#: at equal steps a success-matched batch of ~58 rows gives each success ~55 % of it).
 ARMS: dict[str, dict] = {
     "SFT -> GRPO": dict(warm_start="sft", conditioning="none"),
     "RCTP -> GRPO": dict(warm_start="rctp", conditioning="high"),
@@ -173,6 +178,10 @@ ARMS: dict[str, dict] = {
     "RCTPstep -> GRPO": dict(warm_start="rctp", warm_start_budget="steps", conditioning="high"),
     "RCTPstep -> RC-GRPO": dict(warm_start="rctp", warm_start_budget="steps", conditioning="mixed"),
     "RCTP -> RC-GRPO, KL": dict(warm_start="rctp", conditioning="mixed", beta=0.05),
+    "RCTPepoch -> GRPO": dict(warm_start="rctp", warm_start_budget="epochs", conditioning="high"),
+    "RCTPepoch -> RC-GRPO": dict(
+        warm_start="rctp", warm_start_budget="epochs", conditioning="mixed"
+    ),
 }
 
 
@@ -276,6 +285,10 @@ class RCGRPOTrainer(AgentTrainer):
                 if token not in tokenizer.get_vocab():
                     why = "is not in the given tokenizer: build the policy with it"
                     raise ConfigError(name, why, token)
+        #: the epoch-matched warm start's rows (segments, outcomes) waiting for a full batch
+        self.warm_carry: tuple[list, list[bool]] = ([], [])
+        #: what the warm start has trained on: gradient steps, rows, successful rows
+        self.warm_seen = {"updates": 0, "rows": 0, "successes": 0}
         super().__init__(config, model=model, tokenizer=tokenizer)
 
     @property
@@ -306,16 +319,33 @@ class RCGRPOTrainer(AgentTrainer):
         return FileSystemEnv(hard_fraction=share, max_turns=c.max_turns)
 
     # ------------------------------------------------------------------ warm start
+    @property
+    def epoch_matched(self) -> bool:
+        """RCTP with ``warm_start_budget="epochs"``: several gradient steps per warm-start step."""
+        return self.config.warm_start == "rctp" and self.config.warm_start_budget == "epochs"
+
     def sft_batch(self):
         """One warm-start batch (eq. rctp) from this step's stream of demonstrations (a fraction
         ``demo_error_rate`` of them corrupted; its own stream, :func:`substream`, so that both warm
         starts leave the task stream of RL untouched): SFT keeps the successful ones, with no
         token; RCTP keeps every one, with its reward token first. The batch ends at
         ``sft_batch_size`` successes (``warm_start_budget="successes"``: RCTP's batch holds SFT's
-        and the failures drawn between them) or rows (``"steps"``)."""
-        c, rows, successes = self.config, [], 0
+        and the failures drawn between them; ``"epochs"``: the same, after the rows the last
+        step left over, see :meth:`sft_update`) or rows (``"steps"``). ``extras``: each row's
+        ``success`` and text ``segments``."""
+        rows, ok = self._demonstrations()
+        if self.epoch_matched:
+            rows, ok = self.warm_carry[0] + rows, self.warm_carry[1] + ok
+        batch = build_segments_batch(self.tokenizer, rows, self.device)
+        batch.extras["success"] = torch.tensor(ok, dtype=torch.bool, device=self.device)
+        batch.extras["segments"] = rows
+        return batch
+
+    def _demonstrations(self) -> tuple[list[list[tuple[str, bool]]], list[bool]]:
+        """This step's rows of demonstrations (text segments) and whether each succeeded."""
+        c, rows, ok, successes = self.config, [], [], 0
         env, rng = self.demo_env, substream("rcgrpo-demos", c.seed, self.step)
-        count_successes = c.warm_start == "sft" or c.warm_start_budget == "successes"
+        count_successes = c.warm_start == "sft" or c.warm_start_budget != "steps"
         drawn = 0
         while (successes if count_successes else len(rows)) < c.sft_batch_size:
             if drawn == 100 * c.sft_batch_size:
@@ -335,7 +365,45 @@ class RCGRPOTrainer(AgentTrainer):
                 prompt = f"{token} {obs}" if token and k == 0 else obs
                 segments += [(prompt, False), (f"{call} </action>", True)]
             rows.append(segments)
-        return build_segments_batch(self.tokenizer, rows, self.device)
+            ok.append(bool(env.success))
+        return rows, ok
+
+    def sft_update(self, batch) -> float:
+        """One warm-start step on ``batch``: one gradient step (the mean loss of its rows'
+        tokens); epoch-matched RCTP (:attr:`epoch_matched`) takes one per ``sft_batch_size``
+        rows, in the stream's order, and keeps the rows that fill no batch for the next step
+        (``warm_carry``; the last step trains them as a smaller batch), so that it sees every
+        demonstration of success-matched RCTP, each row weighing what an SFT row does. Counts
+        what the warm start trained on (``warm_seen``). Returns the mean loss of its steps."""
+        c, parts = self.config, [None]
+        if self.epoch_matched:
+            n, size = len(batch), c.sft_batch_size
+            keep = n if self.step + 1 >= c.sft_steps else n - n % size
+            rest = range(keep, n)
+            self.warm_carry = (
+                [batch.extras["segments"][i] for i in rest],
+                batch.extras["success"][keep:].tolist(),
+            )
+            parts = list(torch.arange(keep).split(size))
+        losses = []
+        for part in parts:
+            rows = batch.select(part)
+            losses.append(super().sft_update(rows))
+            self.warm_seen["updates"] += 1
+            self.warm_seen["rows"] += len(rows)
+            self.warm_seen["successes"] += int(rows.extras["success"].sum())
+        return sum(losses) / len(losses)
+
+    def extra_state(self) -> dict:
+        rows, ok = self.warm_carry
+        carry = {"rows": rows, "success": ok}
+        return {**super().extra_state(), "warm_carry": carry, "warm_seen": dict(self.warm_seen)}
+
+    def load_extra_state(self, state: dict) -> None:
+        super().load_extra_state(state)
+        carry = state.get("warm_carry") or {"rows": [], "success": []}
+        self.warm_carry = ([[tuple(s) for s in row] for row in carry["rows"]], carry["success"])
+        self.warm_seen = dict(state.get("warm_seen") or self.warm_seen)
 
     # ------------------------------------------------------------------ rollout
     def play(self, seeds, *, group_size=1, greedy=False, ref_model=None, envs=None):
@@ -432,12 +500,37 @@ class RCGRPOTrainer(AgentTrainer):
         return out
 
 
-def run_arms(config: RCGRPOConfig, arms: dict[str, dict] = ARMS) -> dict[str, RCGRPOTrainer]:
+#: The fields that make a warm start: arms that agree on them share one.
+WARM_START_FIELDS = ("warm_start", "warm_start_budget")
+
+
+def run_arms(
+    config: RCGRPOConfig, arms: dict[str, dict] = ARMS, *, warm_start=None
+) -> dict[str, RCGRPOTrainer]:
     """Train the arms of the lab from shared warm starts (:func:`agentic_rl.runs.run_arms`): one
-    policy per (warm_start, warm_start_budget), each trained once with ``config``, then every
-    arm's RL from a copy of its warm start. Returns the trained trainers by arm name."""
-    start = ("warm_start", "warm_start_budget")
-    return runs.run_arms(RCGRPOTrainer, config, arms, start_fields=start)
+    policy per (warm_start, warm_start_budget), each trained once with ``config`` (by
+    ``warm_start(trainer)``, default ``trainer.sft()``), then every arm's RL from a copy of its
+    warm start. Returns the trained trainers by arm name, each with its warm start's
+    ``warm_seen`` (and ``warm_curve``, where ``warm_start`` drew one)."""
+    starts = {}
+
+    def start(trainer):
+        starts[_start_key(trainer.config)] = trainer
+        (warm_start or RCGRPOTrainer.sft)(trainer)
+
+    trainers = runs.run_arms(
+        RCGRPOTrainer, config, arms, start_fields=WARM_START_FIELDS, warm_start=start
+    )
+    for trainer in trainers.values():
+        warm = starts[_start_key(trainer.config)]
+        trainer.warm_seen = dict(warm.warm_seen)
+        if hasattr(warm, "warm_curve"):
+            trainer.warm_curve = list(warm.warm_curve)
+    return trainers
+
+
+def _start_key(config: RCGRPOConfig) -> tuple:
+    return tuple(getattr(config, f) for f in WARM_START_FIELDS)
 
 
 CONFIG, TRAINER = RCGRPOConfig, RCGRPOTrainer

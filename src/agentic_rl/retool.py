@@ -12,7 +12,8 @@ The ReTool chapter's new ideas, on top of the multi-turn agent trainer (:class:`
 - :func:`gradient_share`: how much of the update comes from interpreter tokens when they are not
   masked;
 - :func:`resample_on_correct`: rStar2-Agent's GRPO-RoC down-sampling (positives with the fewest
-  tool errors, negatives at random).
+  tool errors, negatives at random);
+- ``interpreter_placebo``: the unmasked ablation's placebo (:func:`placebo_signs`).
 
 Everything else (SFT, GRPO or PPO+GAE, checkpoints, the CLI) is the agent trainer's.
 
@@ -39,7 +40,7 @@ from .envs import make_env
 from .losses import policy_loss
 from .rollout import Batch, build_segments_batch, sequence_logprobs
 from .train import check_split
-from .utils import EVAL_SAMPLING_OFFSET, eval_sampling_seed, fixed_rng, train_seed
+from .utils import EVAL_SAMPLING_OFFSET, eval_sampling_seed, fixed_rng, substream, train_seed
 
 __all__ = [
     "ReToolConfig",
@@ -49,6 +50,7 @@ __all__ = [
     "unmask_interpreter",
     "gradient_share",
     "resample_on_correct",
+    "placebo_signs",
     "CONFIG",
     "TRAINER",
 ]
@@ -173,6 +175,13 @@ class ReToolConfig(AgentFields, CriticFields, PolicyDenominatorFields):
         "Interpreter feedback mask: no loss on interpreter tokens (ReTool). False is the "
         "ablation: they are trained as if the policy had written them.",
     )
+    interpreter_placebo: bool = param(
+        False,
+        "A placebo, not ReTool (needs mask_interpreter False): the interpreter tokens of each "
+        "episode get its advantage times a random sign of their own (one per episode). The "
+        "interpreter term keeps its size (its share of AdamW's per-coordinate normaliser) but "
+        "its direction no longer follows success: nothing consistent to imitate.",
+    )
     max_output_tokens: int = param(
         8,
         "Interpreter output longer than this is cut and marked '...' (in tokens; in characters "
@@ -232,6 +241,9 @@ class ReToolConfig(AgentFields, CriticFields, PolicyDenominatorFields):
         self._at_least(("grad_share_every",), 0)
         if self.resample_on_correct and self.advantage_estimator != "grpo":
             self._bad("resample_on_correct", "is a GRPO method: use advantage_estimator 'grpo'")
+        if self.interpreter_placebo and self.mask_interpreter:
+            why = "signs the interpreter tokens' advantages: needs mask_interpreter False"
+            self._bad("interpreter_placebo", why)
         # the answer segment: <answer>, the product's digits, </answer>, EOS
         need = self.digits_a + self.digits_b + 3
         if self.max_action_tokens < need:
@@ -361,6 +373,18 @@ def resample_on_correct(
         order = torch.argsort(p_err, stable=True)[: keep - n_neg]
         rows += [*neg[perm.sort().values].tolist(), *pos[order].tolist()]
     return torch.tensor(sorted(rows), dtype=torch.long)
+
+
+def placebo_signs(tool: torch.Tensor, seed: int, step: int) -> torch.Tensor:
+    """``[B, T]``: one sign per row (+1 or -1, each with probability 1/2) on the row's ``tool``
+    tokens, +1 elsewhere. One per row, not per token: an episode's interpreter tokens still push
+    together, as in the control, so the term's gradient keeps its size (independent signs per
+    token would partly cancel within an episode). Its own stream
+    (:func:`~agentic_rl.utils.substream` of ``seed`` and ``step``): the same signs on every call of
+    a step, and no draw of any other stream."""
+    rng = torch.Generator().manual_seed(substream("retool-placebo", seed, step).getrandbits(63))
+    signs = torch.randint(0, 2, (tool.shape[0], 1), generator=rng) * 2 - 1
+    return torch.where(tool.cpu(), signs, 1).to(tool.device)
 
 
 class ReToolTrainer(AgentTrainer):
@@ -565,6 +589,21 @@ class ReToolTrainer(AgentTrainer):
         )
 
     # ------------------------------------------------------------------ loss
+    def compute_advantages(self, batch: Batch) -> torch.Tensor:
+        """The agent trainer's; with ``interpreter_placebo``, each episode's interpreter tokens'
+        times a random sign of the episode's (:func:`placebo_signs`; the policy's tokens keep
+        theirs)."""
+        advantages, tool = super().compute_advantages(batch), batch.extras.get("env_tokens")
+        if self.config.interpreter_placebo and tool is not None:
+            # The control differs from the masked, unclipped arm by the interpreter term, whose
+            # gradient also enlarges AdamW's per-coordinate normaliser (its second moment) on
+            # shared parameters, and so shrinks the policy's step: a scale effect, not imitation.
+            # The placebo keeps each token's |advantage| (the term's size), not its direction.
+            # (eq. retool-imitation with A_i replaced by s_i A_i, s_i = +-1 at random.)
+            signs = placebo_signs(tool, self.config.seed, self.step)
+            advantages = advantages * signs.to(advantages.dtype)
+        return advantages
+
     def compute_loss(
         self, batch: Batch, advantages: torch.Tensor, *, outputs: tuple | None = None
     ) -> tuple[torch.Tensor, dict]:

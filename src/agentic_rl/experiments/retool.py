@@ -2,12 +2,13 @@
 
 Per seed, :func:`warm_start` trains the cold-start model on synthetic tool traces and evaluates
 it; :func:`train_arm` runs an arm from a copy of it on the RL task stream that follows the warm
-start's. Four GRPO arms share the plain cold start (the mask on and off; the control, unmasked
-with the policy's tokens as the token mean's denominator and no clipping; the masked arm without
-clipping, the control's reference), and so does PPO with a critic (the mask on, one episode per
-problem, as many episodes per step). GRPO and GRPO-RoC share a second cold start whose traces
-include retries after a tool error. The lab's own seed-0 runs are
-``train_arm(warm_start(0), arm)``: its teaching cells use the cold start before RL.
+start's. Five GRPO arms share the plain cold start (the mask on and off; the control, unmasked
+with the policy's tokens as the token mean's denominator and no clipping; its placebo, whose
+interpreter tokens get random-sign advantages; the masked arm without clipping, the control's
+reference), and so does PPO with a critic (the mask on, one episode per problem, as many
+episodes per step). GRPO and GRPO-RoC share a second cold start whose traces include retries
+after a tool error. The lab's own seed-0 runs are ``train_arm(warm_start(0), arm)``: its
+teaching cells use the cold start before RL.
 
 Per arm the record holds every number of the evaluations after the cold start and after RL, the
 pre-clip norm of every gradient step (:func:`record_grad_norms`; how many the clip touched), the
@@ -35,6 +36,10 @@ ARMS = {
     "unmasked": dict(mask_interpreter=False),
     # the unmasked loss, with the policy's tokens as the token mean's denominator, never clipped
     "control": dict(mask_interpreter=False, loss_denominator="policy", max_grad_norm=NO_CLIP),
+    # the control with a random sign on each interpreter token's advantage: the same term's size
+    # in AdamW's per-coordinate normaliser (its scale effect on the policy's step), no imitation
+    "control, placebo": dict(mask_interpreter=False, loss_denominator="policy",
+                             max_grad_norm=NO_CLIP, interpreter_placebo=True),
     "masked, unclipped": dict(mask_interpreter=True, max_grad_norm=NO_CLIP),
     # one episode per problem, as many problems: the critic is the baseline, not a group
     "PPO + GAE, masked": dict(advantage_estimator="gae", num_generations=1),
