@@ -18,8 +18,11 @@ and a line ``???`` starts a slide's speaker notes. In a slide:
   (classes ``prompt``, ``policy``, ``tool``, ``pad``; a mask row uses ``m1`` and ``m0``) with a
   ``<div class="legend">``.
 
-Each deck is one HTML file with inline CSS and a few lines of JavaScript (arrow keys move, ``n``
-shows the speaker notes, printing gives a page per slide); it loads nothing from the network.
+Each deck is one HTML file with inline CSS and a few lines of JavaScript (arrow keys move,
+printing gives a page per slide); it loads nothing from the network. The speaker notes are not in
+it, so nothing projected can show them: they go to a page of their own, ``<deck>-notes.html`` (each
+slide, small, above its notes, in large type; a page per slide when printed), for the speaker's
+screen or paper.
 Maths: MathJax ``tex-svg.js`` from the ``sphinx-mathjax-offline`` package is inlined when installed
 (``--mathjax none`` leaves the LaTeX as code; the website links its own copy instead).
 """
@@ -44,7 +47,7 @@ FIGURES_DIR = BOOK / "slides" / "figures"
 #: The decks in the order of the course.
 DECKS = ("foundations-1", "foundations-2", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd",
          "gigpo", "early_experience")
-KEYS_HINT = "← → move · n speaker notes · print: a page per slide"
+KEYS_HINT = "← → move · print: a page per slide"
 
 CSS = """
 body { margin: 0; font: 22px/1.4 system-ui, -apple-system, "Segoe UI", sans-serif; color: #1d1d1f;
@@ -87,9 +90,6 @@ cite { font-style: normal; color: #555; }
 .t.m1 { background: #0b3d91; color: #fff; }
 .t.m0 { background: #fff; color: #0b3d91; border-color: #0b3d91; }
 .legend { font-size: .6em; color: #555; margin: .2em 0 .4em; }
-.notes { display: none; margin-top: 1em; padding: .5em .8em; font-size: .7em;
-         background: #fff9db; border-left: 4px solid #f59f00; }
-body.show-notes .notes { display: block; }
 .footer { margin-top: auto; font-size: .55em; color: #888; }
 @media print { .slide { min-height: 100vh; page-break-after: always; border: 0; }
                body { background: #fff; }
@@ -98,7 +98,6 @@ body.show-notes .notes { display: block; }
 
 NAV_JS = """
 document.addEventListener('keydown', function (e) {
-  if (e.key === 'n') { document.body.classList.toggle('show-notes'); return; }
   var s = Array.from(document.querySelectorAll('.slide')), y = window.scrollY + 5, i = 0;
   while (i + 1 < s.length && s[i + 1].offsetTop <= y) i++;
   var next = ['ArrowRight', 'ArrowDown', 'PageDown', ' '];
@@ -276,10 +275,25 @@ def visible_words(body_html: str) -> int:
     return sum(1 for w in text.split() if re.search(r"\w", w))
 
 
+#: The speaker's page: each slide at half size above its notes, in large type.
+NOTES_CSS = """
+html { scroll-snap-type: none; }
+body { font: 24px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1em 4vw;
+       color: #212529; background: #fff; }
+.pair { border-top: 2px solid #0b3d91; padding: .6em 0 1em; }
+.pair .slide { font-size: 50%; min-height: 0; border: 1px solid #ced4da; padding: .6em 1em;
+               scroll-snap-align: none; }
+.pair h2.num { font-size: .8em; color: #0b3d91; margin: 0 0 .3em; }
+.said { margin-top: .6em; }
+@media print { .pair { page-break-after: always; border: 0; } }
+"""
+
+
 def build_deck(name: str, path: pathlib.Path | None = None, mathjax_js: str | None = None,
-               mathjax_src: str | None = None) -> tuple[str, dict]:
-    """``(html, statistics)`` for one deck: ``{"title", "chapter", "slides", "words" (per slide),
-    "notes" (per slide: has notes), "figures"}``."""
+               mathjax_src: str | None = None) -> tuple[str, dict, str]:
+    """``(html, statistics, notes html)`` for one deck: the projected deck (no notes in it), its
+    ``{"title", "chapter", "slides", "words" (per slide), "notes" (per slide: has notes),
+    "figures"}``, and the speaker's page (each slide above its notes)."""
     path = path or DECKS_DIR / f"{name}.md"
     if not path.exists():
         raise SlideError(f"deck {name}: no file {path}")
@@ -288,16 +302,19 @@ def build_deck(name: str, path: pathlib.Path | None = None, mathjax_js: str | No
     title = str(meta["title"])
     stats = {"title": title, "chapter": meta["chapter"], "slides": len(slides), "words": [],
              "notes": [], "figures": 0}
-    sections = []
+    sections, pairs = [], []
     for n, (body, notes) in enumerate(slides, 1):
         body_html = r.render(body)
         stats["words"].append(visible_words(body_html))
         stats["notes"].append(bool(notes))
-        notes_html = f'<aside class="notes">{r.render(notes)}</aside>' if notes else ""
-        hint = f" · {KEYS_HINT}" if n == 1 else ""
+        hint = f" · {KEYS_HINT} · speaker notes: {name}-notes.html" if n == 1 else ""
         sections.append(
-            f'<section class="slide{" title" if n == 1 else ""}" id="s{n}">{body_html}{notes_html}'
+            f'<section class="slide{" title" if n == 1 else ""}" id="s{n}">{body_html}'
             f'<div class="footer">{html.escape(title)} — {n}/{len(slides)}{hint}</div></section>')
+        said = r.render(notes) if notes else "<p>(no notes)</p>"
+        pairs.append(f'<section class="pair" id="n{n}"><h2 class="num">{n}/{len(slides)}</h2>'
+                     f'<div class="slide">{body_html}</div>'
+                     f'<aside class="notes said">{said}</aside></section>')
     stats["figures"] = r.figures
     head = (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f"<title>{html.escape(title)}</title><style>{CSS}</style>")
@@ -307,7 +324,11 @@ def build_deck(name: str, path: pathlib.Path | None = None, mathjax_js: str | No
         head += f"<script>{MATHJAX_CONFIG}</script><script>{mathjax_js}</script>"
     page = (head + "</head><body>\n" + "\n".join(sections) + f"\n<script>{NAV_JS}</script>"
             "</body></html>\n")
-    return page, stats
+    notes_page = (head.replace(f"<title>{html.escape(title)}</title>",
+                               f"<title>{html.escape(title)}: speaker notes</title>")
+                  + f"<style>{NOTES_CSS}</style></head><body>\n<h1>{html.escape(title)}: speaker "
+                  f"notes</h1>\n" + "\n".join(pairs) + "\n</body></html>\n")
+    return page, stats, notes_page
 
 
 def find_mathjax(choice: str) -> str | None:
@@ -331,7 +352,8 @@ def find_mathjax(choice: str) -> str | None:
 
 def build(decks=DECKS, out: pathlib.Path = ROOT / "_build" / "slides", mathjax: str = "auto",
           mathjax_src: str | None = None, paths: dict | None = None) -> dict[str, dict]:
-    """Write ``<out>/<deck>.html`` per deck and an ``index.html``; return each deck's statistics.
+    """Write ``<out>/<deck>.html`` and ``<out>/<deck>-notes.html`` (the speaker's notes) per deck
+    and an ``index.html``; return each deck's statistics.
 
     ``mathjax_src``: a URL (relative to ``out``) of a MathJax ``tex-svg.js`` to load instead of
     inlining one (the website's own copy). ``paths``: deck files other than ``decks/<name>.md``.
@@ -341,15 +363,19 @@ def build(decks=DECKS, out: pathlib.Path = ROOT / "_build" / "slides", mathjax: 
     mathjax_js = None if mathjax_src else find_mathjax(mathjax)
     stats = {}
     for name in decks:
-        page, stats[name] = build_deck(name, (paths or {}).get(name), mathjax_js, mathjax_src)
+        page, stats[name], notes = build_deck(name, (paths or {}).get(name), mathjax_js,
+                                              mathjax_src)
         (out / f"{name}.html").write_text(page)
+        (out / f"{name}-notes.html").write_text(notes)
     rows = "".join(f'<li><a href="{n}.html">{html.escape(s["title"])}</a> '
-                   f'({s["slides"]} slides)</li>' for n, s in stats.items())
+                   f'({s["slides"]} slides; <a href="{n}-notes.html">speaker notes</a>)</li>'
+                   for n, s in stats.items())
     (out / "index.html").write_text(
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>Lecture slides'
         f"</title><style>body {{ font: 20px/1.5 system-ui, sans-serif; margin: 2em 8vw; }}"
         f"</style></head><body><h1>Lecture slides</h1><ol>{rows}</ol>"
-        f"<p>In a deck: {html.escape(KEYS_HINT)}.</p></body></html>\n")
+        f"<p>In a deck: {html.escape(KEYS_HINT)}. The speaker notes are on a page of their own, "
+        f"for the presenter's screen or paper: nothing projected shows them.</p></body></html>\n")
     return stats
 
 
