@@ -1,7 +1,9 @@
-"""The lecture slides: hand-written decks (book/slides/decks) built offline by build_slides.py."""
+"""The lecture slides: hand-written decks (book/slides/decks) built offline by build_slides.py, one
+per teaching week of the syllabus (book/syllabus.md's twelve-week plan)."""
 
 from __future__ import annotations
 
+import html
 import importlib.util
 import pathlib
 import re
@@ -23,10 +25,31 @@ def _load(name: str, path: pathlib.Path):
 
 
 build_slides = _load("build_slides", SLIDES / "build_slides.py")
-COURSE = ("foundations-1", "foundations-2", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd",
-          "gigpo", "early_experience")
+COURSE = ("week01-foundations", "week02-grpo", "week03-grpo-variants", "week04-gae",
+          "week05-retool", "week06-starpo", "week07-rcgrpo", "week08-gcd", "week09-gigpo",
+          "week10-early-experience")
 CHAPTERS = {"foundations", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd", "gigpo",
             "early_experience"}
+SYLLABUS = ROOT / "book" / "syllabus.md"
+
+
+def _week_plan() -> list[tuple[int, str]]:
+    """``[(week, chapter cell), ...]``: the rows of the syllabus's twelve-week plan (its first
+    ``{list-table}`` under ``## The twelve-week plan``), each cell's lines joined."""
+    text = SYLLABUS.read_text()
+    start = text.index("\n## The twelve-week plan\n")
+    section = text[start:text.find("\n## ", start + 1)]
+    body = re.search(r"```\{list-table\}\n(.*?)\n```", section, re.DOTALL).group(1)
+    rows: list[list[str]] = []
+    for line in body.splitlines():
+        if line.startswith("* - "):
+            rows.append([line[4:].strip()])
+        elif line.startswith("  - ") and rows:
+            rows[-1].append(line[4:].strip())
+        elif line.startswith("    ") and rows:
+            rows[-1][-1] += " " + line.strip()
+    assert rows[0][:2] == ["week", "chapter and reading"], rows[0]
+    return [(int(r[0]), r[1]) for r in rows[1:]]
 
 
 def _slides(page: str) -> list[str]:
@@ -44,6 +67,39 @@ def test_the_course_has_every_deck_in_order():
     assert build_slides.DECKS == COURSE
     missing = [n for n in COURSE if not (SLIDES / "decks" / f"{n}.md").exists()]
     assert not missing, f"no deck file for {missing} in book/slides/decks/"
+    extra = sorted({p.stem for p in (SLIDES / "decks").glob("*.md")} - set(COURSE))
+    assert not extra, f"deck files the course does not build: {extra}"
+
+
+def test_one_deck_per_lecture_week_of_the_syllabus(decks):
+    """The review: "decks do not match weeks" (two foundations decks for its one week, one GRPO
+    deck for its two). Each teaching week of the syllabus's plan (a row that starts with a chapter)
+    has exactly one deck: ``DECKS[w - 1]``, whose front matter names that week and that chapter,
+    whose title begins "Week w:", and which that row links; the project weeks have none."""
+    plan = _week_plan()
+    assert [w for w, _ in plan] == list(range(1, len(plan) + 1))
+    teaching = [(w, re.match(r"\{doc\}`(\w+)`", cell).group(1), cell) for w, cell in plan
+                if re.match(r"\{doc\}`\w+`", cell)]
+    project = [(w, cell) for w, cell in plan if not re.match(r"\{doc\}`\w+`", cell)]
+    assert [w for w, _, _ in teaching] == list(range(1, len(teaching) + 1)), "weeks 1.. teach"
+    assert len(teaching) == len(COURSE) == 10 and all("Project week" in c for _, c in project)
+    stats = decks[1]
+    for (week, chapter, cell), name in zip(teaching, COURSE):
+        assert name.startswith(f"week{week:02d}-"), (week, name)
+        assert stats[name]["week"] == week and stats[name]["chapter"] == chapter, (week, name)
+        assert stats[name]["title"].startswith(f"Week {week}: "), stats[name]["title"]
+        links = re.findall(r'href="\.\./slides/([\w-]+)\.html"', cell)
+        assert links == [name], f"week {week}'s row must link its deck {name}.html, not {links}"
+    for week, cell in project:
+        assert "slides/" not in cell, f"project week {week} has no deck to link"
+    weeks = [stats[n]["week"] for n in COURSE]
+    assert weeks == sorted(set(weeks)), "one deck a week, in order"
+    # GRPO's two weeks: week 2 GRPO itself, week 3 its variants
+    assert "Dr. GRPO" in stats["week03-grpo-variants"]["title"]
+    text = SYLLABUS.read_text()
+    slides = text[text.index("\n## Slides\n"):]
+    slides = slides[:slides.find("\n## ", 1)]
+    assert "one per teaching week" in slides and "two for" not in slides
 
 
 def test_every_deck_builds_and_the_index_lists_it(decks):
@@ -52,11 +108,13 @@ def test_every_deck_builds_and_the_index_lists_it(decks):
     index = (out / "index.html").read_text()
     for name, s in stats.items():
         page = (out / f"{name}.html").read_text()
-        assert len(_slides(page)) == s["slides"] and 12 <= s["slides"] <= 20, name
+        # a 75-90 minute lecture
+        assert len(_slides(page)) == s["slides"] and 12 <= s["slides"] <= 22, name
         assert f'href="{name}.html"' in index and f"({s['slides']} slides;" in index
         assert f'href="{name}-notes.html"' in index
         assert s["chapter"] in CHAPTERS, (name, s["chapter"])
-    assert index.index("foundations-1.html") < index.index("early_experience.html")
+        assert f">{s['title']}</a>" in html.unescape(index), name
+    assert index.index("week01-foundations.html") < index.index("week10-early-experience.html")
 
 
 @pytest.mark.parametrize("name", COURSE)
@@ -96,7 +154,7 @@ def test_citations_are_author_year(decks, name):
         assert re.search(r"<cite[^>]*>[^<]+, \d{4}[a-z]?</cite>", page)
 
 
-@pytest.mark.parametrize("name", [n for n in COURSE if not n.startswith("foundations")])
+@pytest.mark.parametrize("name", [n for n in COURSE if not n.startswith("week01-")])
 def test_chapter_decks_show_a_figure(decks, name):
     assert decks[1][name]["figures"] >= 1
     assert re.search(r'<img [^>]*src="data:image/(png|svg\+xml);base64,', (
@@ -112,7 +170,8 @@ def test_decks_load_nothing_from_the_network(decks):
 
 def _tmp_deck(tmp_path, body: str) -> pathlib.Path:
     path = tmp_path / "broken.md"
-    path.write_text("---\ntitle: Broken\nchapter: grpo\n---\n\n# Broken\n\n---\n\n" + body)
+    path.write_text("---\ntitle: 'Week 2: Broken'\nchapter: grpo\nweek: 2\n---\n\n"
+                    "# Broken\n\n---\n\n" + body)
     return path
 
 
@@ -139,6 +198,20 @@ def test_deck_format(tmp_path):
     assert "(<cite" in page and "Williams, 1992</cite>)" in page
     assert "Said aloud." in said and "Said aloud." not in page  # the notes: the speaker's page
     assert said.index("Two") < said.index("Said aloud.") < said.index("A fence is not")
+    assert stats["week"] == 2 and stats["title"] == "Week 2: Broken"
+
+
+@pytest.mark.parametrize("front, error", [
+    ("title: 'Week 2: Broken'\nchapter: grpo", "has no 'week'"),
+    ("title: Broken\nchapter: grpo\nweek: 2", "must begin with 'Week 2: '"),
+    ("title: 'Week 3: Broken'\nchapter: grpo\nweek: 2", "must begin with 'Week 2: '"),
+    ("title: 'Week two: Broken'\nchapter: grpo\nweek: two", "not a week number"),
+])
+def test_a_deck_names_its_week(tmp_path, front, error):
+    path = tmp_path / "broken.md"
+    path.write_text(f"---\n{front}\n---\n\n# Broken\n")
+    with pytest.raises(build_slides.SlideError, match=rf"deck broken: .*{re.escape(error)}"):
+        build_slides.build_deck("broken", path)
 
 
 def test_site_hook_writes_the_slides(tmp_path):
@@ -160,7 +233,7 @@ def test_site_hook_writes_the_slides(tmp_path):
     assert app.statuscode == 0
     index = (out / "slides" / "index.html").read_text()
     assert all(f'href="{name}.html"' in index for name in COURSE)
-    page = (out / "slides" / "grpo.html").read_text()
+    page = (out / "slides" / "week02-grpo.html").read_text()
     assert '<script src="../_static/mathjax/tex-svg.js"></script>' in page and "\\(" in page
     assert (out / "_static" / "mathjax" / "tex-svg.js").exists()
 

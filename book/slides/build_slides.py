@@ -1,12 +1,16 @@
 """Lecture slides: hand-written decks (``book/slides/decks/*.md``) to self-contained HTML, offline.
 
-    python book/slides/build_slides.py                      # every deck -> _build/slides/
-    python book/slides/build_slides.py grpo --out /tmp/s    # one deck, another folder
+    python book/slides/build_slides.py                               # every deck -> _build/slides/
+    python book/slides/build_slides.py week02-grpo --out /tmp/s      # one deck, another folder
 
 The website build (``book/_ext/book_site.py``) runs the same builder into ``<site>/slides/``.
 
-A deck is Markdown with a front matter (``title``, ``chapter``); a line ``---`` separates slides
-and a line ``???`` starts a slide's speaker notes. In a slide:
+One deck per teaching week of the syllabus (``book/syllabus.md``'s twelve-week plan: weeks 1 to
+10; the two project weeks have none), named ``weekNN-<topic>``, in the order of the weeks
+(``DECKS``).
+A deck is Markdown with a front matter (``title``, ``chapter``: the chapter it teaches, ``week``:
+its week, with which the title begins, "Week 3: ..."); a line ``---`` separates slides and a line
+``???`` starts a slide's speaker notes. In a slide:
 
 - ``[@key]`` or ``[@key1; @key2]``: citations of ``book/references.bib``, shown author-year,
   "(Shao et al., 2024)"; an unknown key stops the build;
@@ -44,9 +48,9 @@ BOOK = pathlib.Path(__file__).resolve().parents[1]
 ROOT = BOOK.parent
 DECKS_DIR = BOOK / "slides" / "decks"
 FIGURES_DIR = BOOK / "slides" / "figures"
-#: The decks in the order of the course.
-DECKS = ("foundations-1", "foundations-2", "grpo", "gae", "retool", "starpo", "rcgrpo", "gcd",
-         "gigpo", "early_experience")
+#: The decks in the order of the course: one per teaching week, ``DECKS[k]`` for week ``k + 1``.
+DECKS = ("week01-foundations", "week02-grpo", "week03-grpo-variants", "week04-gae", "week05-retool",
+         "week06-starpo", "week07-rcgrpo", "week08-gcd", "week09-gigpo", "week10-early-experience")
 KEYS_HINT = "← → move · print: a page per slide"
 
 CSS = """
@@ -138,12 +142,18 @@ def parse_deck(text: str, name: str) -> tuple[dict, list[tuple[str, str]]]:
 
     lines = text.splitlines()
     if not lines or lines[0].strip() != "---" or "---" not in lines[1:]:
-        raise SlideError(f"deck {name}: no front matter (--- title: ... chapter: ... ---)")
+        raise SlideError(f"deck {name}: no front matter "
+                         f"(--- title: ... chapter: ... week: ... ---)")
     end = lines.index("---", 1)
     meta = yaml.safe_load("\n".join(lines[1:end])) or {}
-    for field in ("title", "chapter"):
+    for field in ("title", "chapter", "week"):
         if not meta.get(field):
             raise SlideError(f"deck {name}: the front matter has no {field!r}")
+    if not isinstance(meta["week"], int) or meta["week"] < 1:
+        raise SlideError(f"deck {name}: week {meta['week']!r} is not a week number")
+    if not str(meta["title"]).startswith(f"Week {meta['week']}: "):
+        raise SlideError(f"deck {name}: the title must begin with 'Week {meta['week']}: ' "
+                         f"(its week), not {str(meta['title'])!r}")
     chunks, current, fence = [], [], None
     for line in lines[end + 1:]:
         marker = re.match(r"^\s*(`{3,}|~{3,})", line)
@@ -292,7 +302,7 @@ body { font: 24px/1.5 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 
 def build_deck(name: str, path: pathlib.Path | None = None, mathjax_js: str | None = None,
                mathjax_src: str | None = None) -> tuple[str, dict, str]:
     """``(html, statistics, notes html)`` for one deck: the projected deck (no notes in it), its
-    ``{"title", "chapter", "slides", "words" (per slide), "notes" (per slide: has notes),
+    ``{"title", "chapter", "week", "slides", "words" (per slide), "notes" (per slide: has notes),
     "figures"}``, and the speaker's page (each slide above its notes)."""
     path = path or DECKS_DIR / f"{name}.md"
     if not path.exists():
@@ -300,8 +310,8 @@ def build_deck(name: str, path: pathlib.Path | None = None, mathjax_js: str | No
     meta, slides = parse_deck(path.read_text(), name)
     r = Renderer(name, mathjax=bool(mathjax_js or mathjax_src))
     title = str(meta["title"])
-    stats = {"title": title, "chapter": meta["chapter"], "slides": len(slides), "words": [],
-             "notes": [], "figures": 0}
+    stats = {"title": title, "chapter": meta["chapter"], "week": meta["week"],
+             "slides": len(slides), "words": [], "notes": [], "figures": 0}
     sections, pairs = [], []
     for n, (body, notes) in enumerate(slides, 1):
         body_html = r.render(body)
@@ -373,7 +383,8 @@ def build(decks=DECKS, out: pathlib.Path = ROOT / "_build" / "slides", mathjax: 
     (out / "index.html").write_text(
         f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>Lecture slides'
         f"</title><style>body {{ font: 20px/1.5 system-ui, sans-serif; margin: 2em 8vw; }}"
-        f"</style></head><body><h1>Lecture slides</h1><ol>{rows}</ol>"
+        f"</style></head><body><h1>Lecture slides</h1><p>One deck per teaching week of the "
+        f"syllabus; the project weeks have none.</p><ul>{rows}</ul>"
         f"<p>In a deck: {html.escape(KEYS_HINT)}. The speaker notes are on a page of their own, "
         f"for the presenter's screen or paper: nothing projected shows them.</p></body></html>\n")
     return stats
