@@ -226,7 +226,11 @@ def test_syllabus_project_spec_and_rubric():
 def test_syllabus_grading_commands_and_slides():
     text = (BOOK / "syllabus.md").read_text()
     assert "`python labs/assignments/release.py`" in text
-    assert "`python labs/assignments/grade.py SUBMISSIONS_DIR --out grades.csv`" in text
+    assert "`python labs/assignments/grade.py SUBMISSIONS_DIR --out grades/" in text
+    for flag in ("--roster", "--deadline", "--written", "--class-report", "--canvas",
+                 "--gradescope", "gradescope.py"):
+        assert flag in text, f"the syllabus does not say how to use {flag}"
+    assert "could tamper" not in text, "grading runs the checks outside the student's process"
     assert "solutions/`; keep them out" not in text, "the release script replaces that advice"
     # the site builds the decks into <site>/slides/; the syllabus page is <site>/book/syllabus.html
     assert re.search(r'href="(\.\./)?slides/index\.html"|\]\((\.\./)?slides/index\.html\)', text)

@@ -2,7 +2,7 @@
 
 The student notebooks (``*.ipynb`` here) are stubs to fill in, and the answer key's masters are
 not notebooks pytest should run: nbval never collects anything under ``labs/assignments``.
-``tests/test_assignments.py`` builds every release and grades generated submissions with otter.
+``tests/test_assignments.py`` builds every release and grades generated submissions (``grade.py``).
 """
 
 from __future__ import annotations

@@ -5,19 +5,22 @@ C.unbiased_std(globals())``. Each check is a function of the notebook's namespac
 :func:`check`, which
 
 1. finds the student's function by name (a clear sentence when it is missing or still a stub);
-2. refuses credit, with a message that starts with :data:`FLAGGED`, when the function is the
-   package's answer: imported from it, calling it, or a copy of its source (:func:`integrity`);
-3. runs the check, whose failure is an ``AssertionError`` of one short paragraph: the first
+2. runs the check, whose failure is an ``AssertionError`` of one short paragraph: the first
    sentence says what is wrong, the rest shows the case and the numbers.
+
+The checks run in the grader's process (``grade.py``), never in the student's: the student's
+function is a stand-in that calls it in the submission's jail (``remote.py``) and returns its
+result as data. ``answers`` names the package's functions that answer the question: in the jail
+they are stand-ins that raise (``standins.py``), and :func:`call` refuses credit, with a message
+that starts with :data:`FLAGGED`, when the student's function reached one.
 
 Expected values come from :class:`References`, data the autograder carries (recorded once from the
 package by ``python labs/assignments/release.py --record``), never from importing the answer
-functions at grading time: a student has the package installed too.
+functions at grading time.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
 import importlib
@@ -27,9 +30,8 @@ import math
 import numbers
 import os
 import pathlib
-import textwrap
+import re
 import traceback
-import types
 
 #: the first word of every integrity failure; ``grade.py`` looks for it to flag a question
 FLAGGED = "FLAGGED"
@@ -65,15 +67,26 @@ def call(fn, name: str, *args, **kwargs):
                        "`...` returns None), or it lacks a `return`.")
         else:
             return result
-    except NotImplementedError:
-        message = f"`{name}` is not implemented yet (it raises NotImplementedError)."
     except CheckFailed:
         raise
     except Exception as err:
-        frames = [f for f in traceback.extract_tb(err.__traceback__)
-                  if not f.filename.endswith(("gradelib.py", "_checks.py"))]
-        where = f" at line {frames[-1].lineno} of its cell" if frames else ""
-        message = f"`{name}` raised {type(err).__name__}{where}: {err}"
+        if getattr(err, "standin", False):  # the package's answer, a stand-in while grading
+            which = re.search(r"agentic_rl[\w.]+(?= is not available)", str(err))
+            fail(f"{FLAGGED}: no credit for `{name}`: it calls the package's answer "
+                 f"`{which.group(0) if which else 'agentic_rl'}`, which is not available while "
+                 "grading. Write it yourself; the package's version is the reference your "
+                 "answer is graded against.")
+        kind = getattr(err, "student_type", type(err).__name__)
+        if kind == "NotImplementedError":
+            fail(f"`{name}` is not implemented yet (it raises NotImplementedError).")
+        line = getattr(err, "cell_line", None)
+        if line is None and not hasattr(err, "student_type"):  # called in this process (tests)
+            frames = [f for f in traceback.extract_tb(err.__traceback__)
+                      if not f.filename.endswith(("gradelib.py", "_checks.py"))]
+            line = frames[-1].lineno if frames else None
+        where = f" at line {line} of its cell" if line else ""
+        text = str(err).removeprefix(f"{kind}: ")
+        message = f"`{name}` raised {kind}{where}: {text}"
     fail(message)
 
 
@@ -134,115 +147,15 @@ def convention_hint(fn, kind: str) -> str:
     return f" The checker says: {differences[0]}" if differences else ""
 
 
-# --- integrity: no credit for the package's own answer -----------------------------------------
-
-
-def _normalised(source: str) -> str:
-    """The AST of one function with names, strings and the function's own name erased."""
-    tree = ast.parse(textwrap.dedent(source))
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Module)):
-            body = node.body
-            if body and isinstance(body[0], ast.Expr) and isinstance(
-                    getattr(body[0], "value", None), ast.Constant) and isinstance(
-                    body[0].value.value, str):
-                node.body = body[1:] or [ast.Pass()]
-            if hasattr(node, "name"):
-                node.name = "_"
-        if isinstance(node, ast.Name):
-            node.id = "_"
-        elif isinstance(node, (ast.arg, ast.keyword)) and node.arg is not None:
-            node.arg = "_"
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-            node.value = ""  # messages and docstrings; attribute names (torch calls) are kept
-    return ast.dump(tree, annotate_fields=False, include_attributes=False)
-
-
-def _resolve(dotted: str):
-    module, _, attr = dotted.partition(":")
-    obj = importlib.import_module(module)
-    return getattr(obj, attr) if attr else obj
-
-
-def _code_objects(code: types.CodeType):
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _code_objects(const)
-
-
-def _reaches_answer(fn, refs: list) -> str:
-    """How ``fn`` (or a notebook function it calls) reaches one of ``refs``, or ''.
-
-    A global that is an answer, or a module of an answer whose attribute the code names
-    (``L.aggregate``, ``agentic_rl.losses.aggregate``). Other objects of the package (a dataclass,
-    an environment) are allowed."""
-    todo, seen = [fn], set()
-    while todo:
-        f = todo.pop()
-        if id(f) in seen or not hasattr(f, "__code__"):
-            continue
-        seen.add(id(f))
-        names = {n for c in _code_objects(f.__code__) for n in c.co_names}
-        for n in sorted(names):
-            obj = f.__globals__.get(n)
-            for dotted, ref in refs:
-                module, _, attr = dotted.partition(":")
-                if obj is ref:
-                    return f"it calls the package's answer `{n}` (`{dotted}`)"
-                if isinstance(obj, types.ModuleType) and module.startswith(obj.__name__) and (
-                        attr in names):
-                    return f"it calls the package's answer `{dotted}` through `{n}`"
-            if isinstance(obj, types.FunctionType) and obj.__module__ == f.__module__:
-                todo.append(obj)  # a helper defined in the notebook: look inside it too
-    return ""
-
-
-def integrity(fn, name: str, answers: tuple[str, ...]) -> None:
-    """Refuse credit (an ``AssertionError`` starting with FLAGGED) for the package's answer.
-
-    ``answers`` are the package's functions that answer this question, as ``"module:function"``.
-    Flagged: ``fn`` is one of them or is defined in the package; ``fn``'s code reaches one of them
-    (or their module) through its globals; ``fn``'s source is one of theirs up to names and
-    docstrings."""
-    refs = []
-    for dotted in answers:
-        try:
-            refs.append((dotted, _resolve(dotted)))
-        except (ImportError, AttributeError):  # the package is absent: nothing to copy from
-            continue
-    why = ""
-    module = getattr(fn, "__module__", "") or ""
-    if any(fn is ref for _, ref in refs) or module.split(".")[0] == "agentic_rl":
-        why = f"it is the package's own `{module}.{getattr(fn, '__name__', name)}`"
-    code = getattr(fn, "__code__", None)
-    if not why and code is not None:
-        why = _reaches_answer(fn, refs)
-    if not why and code is not None:
-        try:
-            mine = _normalised(inspect.getsource(fn))
-        except (OSError, TypeError, SyntaxError):
-            mine = None
-        for dotted, ref in refs:
-            try:
-                theirs = _normalised(inspect.getsource(ref))
-            except (OSError, TypeError, SyntaxError):
-                continue
-            if mine is not None and mine == theirs:
-                why = f"its code is a copy of the package's `{dotted}`"
-                break
-    if why:
-        fail(f"{FLAGGED}: no credit for `{name}`: {why}. Write it yourself; the package's "
-             "version is the reference your answer is graded against.")
-
-
 def check(name: str, answers: tuple[str, ...] = ()):
-    """Make ``body(fn, *params)`` a check of the student's ``name``: ``check(ns, *params)``."""
+    """Make ``body(fn, *params)`` a check of the student's ``name``: ``check(ns, *params)``.
+
+    ``answers``: the package's functions (``"module:function"``) that answer the question; the
+    grader replaces them, and the helpers they call, by stand-ins in the submission's jail."""
     def decorate(body):
         @functools.wraps(body)
         def run(ns: dict, *params) -> None:
             fn = student_function(ns, name)
-            integrity(fn, name, answers)
             wants_ns = "ns" in inspect.signature(body).parameters
             body(fn, *params, **({"ns": ns} if wants_ns else {}))
         return run
@@ -280,6 +193,12 @@ def _key(name: str, args, kwargs) -> str:
     feed(list(args))
     feed(dict(kwargs))
     return digest.hexdigest()[:24]
+
+
+def _resolve(dotted: str):
+    module, _, attr = dotted.partition(":")
+    obj = importlib.import_module(module)
+    return getattr(obj, attr) if attr else obj
 
 
 def _encode(value):

@@ -51,7 +51,7 @@ from .errors import IsolationError
 
 __all__ = [
     "ALLOW_UNCONTAINED", "DISK_MB", "Launcher", "boundary_problem", "candidates", "interpreter",
-    "launcher", "require_boundary", "seccomp_program", "works",
+    "launcher", "program_command", "require_boundary", "seccomp_program", "works",
 ]  # fmt: skip
 
 #: The environment variable that, set to ``1``, lets model-written code run without bubblewrap.
@@ -131,25 +131,7 @@ def _bwrap_options(script: str | None, base: str, userns: bool, seccomp_fd: int 
     # No --die-with-parent: its PR_SET_PDEATHSIG counts the *thread* that started bwrap as the
     # parent, and Pool starts extra zygotes from short-lived threads. A zygote stops at the end of
     # its input instead (the trainer gone), and the trainer kills bwrap and zygote as one group.
-    options = [shutil.which("bwrap"), "--as-pid-1", "--unshare-ipc"]
-    options += ["--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
-    options += ["--hostname", "sandbox"]  # (its own UTS namespace: not the host's name)
-    if userns:
-        options.append("--unshare-user")
-    bound = []
-    for folder in _SYSTEM_FOLDERS:
-        if os.path.islink(folder):  # merged /usr: /lib -> usr/lib
-            options += ["--symlink", os.readlink(folder), folder]
-        elif os.path.isdir(folder):
-            options += ["--ro-bind", folder, folder]
-            bound.append(folder + "/")
-    python = interpreter()
-    for folder in {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(python))}:
-        # Never / itself, which would bring the whole tree into the jail: an interpreter there
-        # needs only the system folders, or else the probe fails and the next launcher is used.
-        if folder != "/" and not (folder + "/").startswith(tuple(bound)) and os.path.isdir(folder):
-            options += ["--ro-bind", folder, folder]
-            bound.append(folder + "/")
+    options = [*_bwrap_namespaces(userns), "--hostname", "sandbox", *_system_binds()]
     # Folders made first, as 0755: bwrap would make a bound file's missing parents 0700.
     options += ["--dir", "/etc", "--dir", "/sandbox", "--dev", "/dev"]
     options += ["--size", str(DISK_MB << 20), "--tmpfs", base]
@@ -163,6 +145,82 @@ def _bwrap_options(script: str | None, base: str, userns: bool, seccomp_fd: int 
     if seccomp_fd is not None:
         options += ["--seccomp", str(seccomp_fd)]
     return options
+
+
+def _bwrap_namespaces(userns: bool) -> list[str]:
+    options = [shutil.which("bwrap"), "--as-pid-1", "--unshare-ipc"]
+    options += ["--unshare-pid", "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
+    return options + (["--unshare-user"] if userns else [])
+
+
+def _system_binds(bound: list[str] | None = None, parents: bool = False) -> list[str]:
+    """Read-only binds of the system's program folders and this interpreter's install (with
+    ``parents``, their missing parent folders made first, readable by any user)."""
+    options, bound = [], [] if bound is None else bound
+    for folder in _SYSTEM_FOLDERS:
+        if os.path.islink(folder):  # merged /usr: /lib -> usr/lib
+            options += ["--symlink", os.readlink(folder), folder]
+        elif os.path.isdir(folder):
+            options += ["--ro-bind", folder, folder]
+            bound.append(folder + "/")
+    python = interpreter()
+    for folder in {os.path.realpath(sys.base_prefix), os.path.dirname(os.path.dirname(python))}:
+        # Never / itself, which would bring the whole tree into the jail: an interpreter there
+        # needs only the system folders, or else the probe fails and the next launcher is used.
+        if folder != "/" and not (folder + "/").startswith(tuple(bound)) and os.path.isdir(folder):
+            for parent in reversed(_parents(folder)) if parents else ():
+                options += ["--dir", parent]
+            options += ["--ro-bind", folder, folder]
+            bound.append(folder + "/")
+    return options
+
+
+def program_command(
+    argv: list[str], read_only: dict[str, str], scratch: dict[str, int], chdir: str, env: dict
+) -> tuple[list[str], int | None]:
+    """A bubblewrap command line that runs ``argv`` (a program of ours, e.g. a grader's worker
+    that runs a student's notebook) in the same kind of jail as a zygote: the system's program
+    folders and this interpreter, read-only; ``read_only`` (outside path -> path in the jail);
+    ``scratch`` (path in the jail -> MiB), size-limited tmpfs folders, the only writable places;
+    fresh PID, IPC, UTS and empty network namespaces, the seccomp filter, no ``/proc``, and only
+    ``env``. Returns the command and the seccomp filter's read end (the caller passes it to the
+    child and closes it). Needs :func:`launcher` to be bubblewrap: call :func:`require_boundary`
+    first, or run ``argv`` another way."""
+    found = launcher()
+    if found.kind != "bubblewrap":
+        raise IsolationError(f"program_command needs bubblewrap; this machine has {found.kind}")
+    options = [*_bwrap_namespaces(found.userns), "--hostname", "jail", "--clearenv"]
+    bound: list[str] = []
+    options += _system_binds(bound, parents=True)
+    options += ["--dir", "/etc", "--dev", "/dev"]
+    for path in _ETC_FILES:
+        options += ["--ro-bind-try", path, path]
+    for inside, megabytes in scratch.items():  # first: a bound path may lie inside one (/tmp)
+        options += ["--perms", "0777", "--size", str(megabytes << 20), "--tmpfs", inside]
+    for outside, inside in read_only.items():  # (a path inside an earlier one: binds over it)
+        for parent in reversed(_parents(inside)):
+            if not (parent + "/").startswith(tuple(bound)):
+                options += ["--dir", parent]
+        options += ["--ro-bind", outside, inside]
+        bound.append(inside + "/")
+    for name, value in env.items():
+        options += ["--setenv", name, value]
+    options += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", chdir]
+    program, fd = seccomp_program(), None
+    if program is not None:
+        fd, write_end = os.pipe()
+        os.write(write_end, program)
+        os.close(write_end)
+        options += ["--seccomp", str(fd)]
+    return [*options, "--", *argv], fd
+
+
+def _parents(path: str) -> list[str]:
+    parents, head = [], os.path.dirname(path)
+    while head not in ("/", ""):
+        parents.append(head)
+        head = os.path.dirname(head)
+    return parents
 
 
 def seccomp_program(machine: str | None = None) -> bytes | None:

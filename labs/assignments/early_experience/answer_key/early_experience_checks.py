@@ -429,4 +429,14 @@ def reflection_in_household(fn):
         what = (f"household pair {n}, expert action {step.action!r}, the {a.kind} alternative "
                 f"{a.action!r}, as the package's reflection_rows builds it")
         got = _row("reflection_row", call(fn, "reflection_row", step, a), what)
-        _compare_rows("reflection_row", got, _hand_row(want), what, "ee-sr", _reflection_hint)
+        want = _hand_row(want)
+        if got == _paper_order(want, len(step.state.split())):
+            continue  # the order is reflection_text's to charge, once (the points say so)
+        _compare_rows("reflection_row", got, want, what, "ee-sr", _reflection_hint)
+
+
+def _paper_order(row, n_state: int):
+    """``row`` with the rationale before the expert's action, as the paper's model writes it."""
+    words = [w for w, _ in row]
+    end = words.index(STOP, n_state) + 1 if STOP in words[n_state:] else len(row)
+    return row[:n_state] + row[end:] + row[n_state:end]

@@ -11,8 +11,7 @@ import pathlib
 from math import comb
 
 import torch
-
-from gradelib import References, call, check, convention_hint, expect_close, fail
+from gradelib import CheckFailed, References, call, check, convention_hint, expect_close, fail
 
 REFS = References(pathlib.Path(__file__).with_name("gae_reference.json"), {
     "gae": "agentic_rl.advantages:gae",
@@ -51,6 +50,17 @@ def _gae_hint(fn):
 
 
 # --- q1: gae ----------------------------------------------------------------------------------
+# Points (master, 9 in all), argued from what each slip breaks in training:
+# - skips_observation_tokens 3.5 (with ragged_masks 1: 4.5 for a masking slip): a recursion that
+#   steps through observation tokens feeds the untrained values of tool/environment tokens into
+#   every advantage before them: multi-turn credit is wrong, the chapter's point. The most points.
+# - returns 3: returns without `+ values` are the critic's target; the critic then learns the
+#   advantage instead of V, and PPO with a critic trains on wrong targets and a wrong baseline.
+# - limits 1 (with ragged_masks 1): gamma missing from the recursion is invisible at gamma = 1,
+#   the usual LLM setting, and shortens the horizon to lam otherwise: 2 points in all.
+# - ragged_masks 1: everything against the package on random masks; a backstop that every slip
+#   above fails too, so it is kept small (a slip is charged where it is named).
+# - coin_game_bias 0.5: lam's bias trade-off; an answer right at lam = 0 and 1 passes it.
 
 
 @check("gae", GAE)
@@ -151,7 +161,8 @@ def returns(fn):
              "batch.")
     want = (adv.detach().double() + v) * m
     expect_close("gae", ret, want, "the returns, which must be the advantages plus the values "
-                 "on mask-1 positions (eq. gae-return) and 0 on mask-0 positions", atol=1e-8)
+                 "on mask-1 positions (eq. gae-return) and 0 on mask-0 positions: they are the "
+                 "critic's target", atol=1e-8)
 
 
 # --- q2: masked_whiten ------------------------------------------------------------------------
@@ -180,18 +191,50 @@ def _whiten_diagnosis(got, x, m) -> str:
     return ""
 
 
+# q2's points (master, 3 in all), argued from what each slip breaks in training:
+# - whiten_statistics 1.5: statistics over the masked positions, or per row, whiten with the
+#   wrong mean and scale: every advantage is shifted or rescaled row by row.
+# - whiten_unbiased_variance 0.5: a biased variance (divide by N) over a batch's thousands of
+#   tokens changes the scale by a factor 1 + 1/(2N): close to right, so it costs only this check
+#   (whiten_statistics accepts it).
+# - whiten_masked_positions 1: nonzero (or NaN) advantages on masked tokens leak into the loss.
+
+
 @check("masked_whiten", WHITEN)
 def whiten_statistics(fn):
+    """The statistics over the whole batch's mask-1 positions, up to the variance's estimator."""
     r, _, m = _ragged(3)
     got = call(fn, "masked_whiten", r, m)
     want = REFS("masked_whiten", r, m)
     if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(r.shape):
         expect_close("masked_whiten", got, want, "random values and a ragged mask")
     on_mask = torch.where(m.bool(), got, torch.zeros_like(got))  # q2's other check: the zeros
-    expect_close("masked_whiten", on_mask, want, "random values and a ragged mask "
-                 "(on the mask-1 positions: mean and *unbiased* variance over the mask-1 "
-                 "positions of the whole batch, eps under the square root)", atol=1e-6,
-                 hint=lambda: _whiten_diagnosis(got, r, m))
+    try:
+        expect_close("masked_whiten", on_mask, want, "random values and a ragged mask "
+                     "(on the mask-1 positions: mean and *unbiased* variance over the mask-1 "
+                     "positions of the whole batch, eps under the square root)", atol=1e-6,
+                     hint=lambda: _whiten_diagnosis(got, r, m))
+    except CheckFailed:
+        valid = m.bool()
+        biased = (r - r[valid].mean()) / (r[valid].var(unbiased=False) + 1e-8).sqrt()
+        if not torch.allclose(got.detach().double()[valid], biased[valid], atol=1e-6):
+            raise
+
+
+@check("masked_whiten", WHITEN)
+def whiten_unbiased_variance(fn):
+    """The estimator alone: x = (1, 3, 5, 7) and a masked 100, variance 20/3 (N - 1), not 5."""
+    x = torch.tensor([[1.0, 3.0, 5.0, 7.0, 100.0]], dtype=torch.float64)
+    m = torch.tensor([[1, 1, 1, 1, 0]])
+    got = call(fn, "masked_whiten", x, m)
+    want = (x - 4.0) / (20.0 / 3.0 + 1e-8) ** 0.5 * m
+    if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(x.shape):
+        expect_close("masked_whiten", got, want, "x = (1, 3, 5, 7) and a masked 100")
+    on_mask = torch.where(m.bool(), got, torch.zeros_like(got))
+    expect_close("masked_whiten", on_mask, want, "x = (1, 3, 5, 7) and a masked 100: the "
+                 "variance must be the unbiased one (divide by N - 1 = 3, as verl's "
+                 "masked_whiten), so 7 whitens to +1.162, not +1.342", atol=1e-6,
+                 hint=lambda: _whiten_diagnosis(got, x, m))
 
 
 @check("masked_whiten", WHITEN)

@@ -5,6 +5,10 @@ its points are set there. Expected values are worked out by hand (the chapter's 
 gamma 0.9, and two episode groups that both see a state "S") or recorded from ``agentic_rl.gigpo``
 on seeded random batches (``gigpo_reference.json``). The student's functions take and return
 plain lists; tensors are accepted too.
+
+q3's checks grade `gigpo_advantages` alone (:class:`_Upstream`): its step level is accepted when it
+is right or when it is what the student's own `discounted_returns` (q1) and `anchor_groups` (q2)
+give, so that a slip in q1 or q2 costs there, once, and not again in q3.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import numbers
 import pathlib
 import random
 
-from gradelib import References, call, check, fail
+from gradelib import FLAGGED, CheckFailed, References, call, check, fail
 
 REFS = References(pathlib.Path(__file__).with_name("gigpo_reference.json"), {
     "discounted_returns": "agentic_rl.gigpo:discounted_returns",
@@ -197,9 +201,34 @@ def _groups(fn, anchors, groups, what):
     return tuple(out)
 
 
+def _members(ids, j) -> str:
+    """The rows in row j's step group, as text."""
+    return ", ".join(str(k) for k, i in enumerate(ids) if i == ids[j])
+
+
+def _renumbered(got):
+    """``got``'s step groups numbered 0, 1, 2, ... in order of first appearance."""
+    first: dict = {}
+    return [first.setdefault(i, len(first)) for i in got[0]], got[1]
+
+
+# --- q2's points (master, 4 in all), argued from what each slip breaks in training:
+# - groups_on_the_grid 1.5: the basic grouping and sizes, and the numbering the spec asks for
+#   (order of first appearance); a numbering slip alone breaks nothing in training (only which
+#   rows share a group matters), so the three other checks compare the groups up to numbering.
+# - groups_do_not_cross_episode_groups 1.5 (with groups_of_many_batches 0.5): groups crossing
+#   episode groups compare steps of different tasks: the step level then rewards an easy task,
+#   not a good action. 2 of 4.
+# - groups_compare_exactly 0.5: normalised states merge states the environment tells apart.
+
+
 @check("anchor_groups", GROUPS)
 def groups_on_the_grid(fn):
     got = _groups(fn, GRID["anchors"], GRID["groups"], "the chapter's grid")
+    if _renumbered(got) == GRID_STEP_GROUPS and got != GRID_STEP_GROUPS:
+        fail(f"`anchor_groups` numbers the step groups of the chapter's grid wrongly: it gave "
+             f"{got}, expected {GRID_STEP_GROUPS}; the groups are right, but they are numbered "
+             "0, 1, 2, ... in the order in which they first appear in the rows.")
     if got != GRID_STEP_GROUPS:
         fail(f"`anchor_groups` is wrong for the chapter's grid (anchors S A S B S A S A S B S B, "
              f"one episode group): it gave {got}, expected {GRID_STEP_GROUPS} (S, A and B "
@@ -208,25 +237,26 @@ def groups_on_the_grid(fn):
 
 @check("anchor_groups", GROUPS)
 def groups_do_not_cross_episode_groups(fn):
-    got = _groups(fn, TWO["anchors"], TWO["groups"], "two episode groups")
+    raw = _groups(fn, TWO["anchors"], TWO["groups"], "two episode groups")
+    got = _renumbered(raw)  # the numbering is groups_on_the_grid's business
     if got == TWO_CROSSED:
         fail("`anchor_groups` is wrong for two episode groups that both reach state 'S': step "
              "groups never cross episode groups (each episode group has its own initial state "
-             f"and its own step groups); it gave {got}, expected {TWO_STEP_GROUPS}.")
+             f"and its own step groups); it gave {raw}, expected {TWO_STEP_GROUPS}.")
     if got != TWO_STEP_GROUPS:
         fail(f"`anchor_groups` is wrong for two episode groups (anchors S G1 S | S X S S): it "
-             f"gave {got}, expected {TWO_STEP_GROUPS}.")
+             f"gave {raw}, expected {TWO_STEP_GROUPS}.")
 
 
 @check("anchor_groups", GROUPS)
 def groups_compare_exactly(fn):
     anchors = ["a b", "a  b", "A b", "a b", ("x", 1), ("x", 1)]
     want = ([0, 1, 2, 0, 3, 3], [2, 1, 1, 2, 2, 2])
-    got = _groups(fn, anchors, [0] * 6, "anchors 'a b', 'a  b', 'A b', 'a b', ('x', 1) twice")
-    if got != want:
+    raw = _groups(fn, anchors, [0] * 6, "anchors 'a b', 'a  b', 'A b', 'a b', ('x', 1) twice")
+    if _renumbered(raw) != want:
         fail("`anchor_groups` is wrong for anchors 'a b', 'a  b', 'A b', 'a b', ('x', 1), "
              "('x', 1): two states are the same only when exactly equal (case and spaces count; "
-             f"tuples are states too); it gave {got}, expected {want}.")
+             f"tuples are states too); it gave {raw}, expected {want}.")
 
 
 @check("anchor_groups", GROUPS)
@@ -235,18 +265,184 @@ def groups_of_many_batches(fn):
         batch = _random_batch(seed)
         what = ("a random batch of three episode groups (labels 7, 2, 9) that all start in "
                 "'S' and walk among S, A, B, C, D")
-        got = _groups(fn, batch["anchors"], batch["groups"], what)
+        raw = _groups(fn, batch["anchors"], batch["groups"], what)
+        got = _renumbered(raw)
         want = tuple(t.tolist() for t in REFS("anchor_groups", batch["anchors"],
                                               batch["groups"]))
         if got != want:
             j = next(k for k in range(len(want[0])) if (got[0][k], got[1][k]) != (
                 want[0][k], want[1][k]))
             fail(f"`anchor_groups` is wrong for {what}: row {j} (state "
-                 f"{batch['anchors'][j]!r}, group {batch['groups'][j]}) got step group "
-                 f"{got[0][j]} of size {got[1][j]}, expected {want[0][j]} of size {want[1][j]}.")
+                 f"{batch['anchors'][j]!r}, group {batch['groups'][j]}) got a step group of "
+                 f"size {got[1][j]}"
+                 + ("" if got[1][j] != want[1][j] else f" (rows {_members(got[0], j)})")
+                 + f", expected size {want[1][j]} (rows {_members(want[0], j)}).")
 
 
 # --- q3: gigpo_advantages ---------------------------------------------------------------------
+# Points (master, 10 in all), argued from what each slip breaks in training:
+# - No second charge for q1 or q2: q3's step level is accepted when it is right, or when it is
+#   what the student's own `discounted_returns` and `anchor_groups` give (a leaking return already
+#   costs q1 2 of 3, groups crossing episode groups q2 2 of 4; charging q3 again cost 8.5 of 17
+#   for one discount slip). A q1 or q2 that does not run (undefined, a stub, an error) still costs
+#   q3, in a message that names it: the master says "q3 uses q1 and q2".
+# - step_level 2.5 + 1, with two_episode_groups 1.5 and many_batches 1 + 0.5: 6.5 for a missing
+#   or wrong step level, GiGPO's contribution (without it GiGPO is GRPO). The most points.
+# - episode_level 1.5 + 0.5: statistics over the group's step rows instead of its episodes (the
+#   reference code's convention: a long episode weighs more in the baseline) is close to right,
+#   so it costs these 2 only; two_episode_groups and many_batches accept it.
+# - combined 1 (A = A^E + omega A^S) and nothing_recurs_is_grpo 0.5 (singleton step groups).
+
+
+def _rows(x) -> list:
+    return list(x.tolist() if hasattr(x, "tolist") else x)
+
+
+def _right_returns(rewards, episodes, gamma) -> list[float]:
+    """Eq. gigpo-return by hand: R_t = r_t + gamma R_{t+1}, stopping at an episode's end."""
+    out, running = [0.0] * len(rewards), 0.0
+    for j in range(len(rewards) - 1, -1, -1):
+        last = j == len(rewards) - 1 or episodes[j + 1] != episodes[j]
+        running = float(rewards[j]) + (0.0 if last else gamma * running)
+        out[j] = running
+    return out
+
+
+def _right_step_ids(anchors, groups) -> list[int]:
+    """Eq. gigpo-anchor by hand: one id per (episode group, exact state)."""
+    index: dict = {}
+    return [index.setdefault((g, a), len(index)) for a, g in zip(anchors, groups)]
+
+
+def _normalise_by_hand(values, keys, scale_by_std: bool, eps: float = 1e-6) -> list[float]:
+    """(v - mean) / F_norm within each key; a key with one member gives 0."""
+    members: dict = {}
+    for v, k in zip(values, keys):
+        members.setdefault(k, []).append(v)
+    out = []
+    for v, k in zip(values, keys):
+        vs = members[k]
+        if len(vs) == 1:
+            out.append(0.0)
+            continue
+        mean = sum(vs) / len(vs)
+        std = math.sqrt(sum((x - mean) ** 2 for x in vs) / (len(vs) - 1))
+        out.append((v - mean) / (std + eps) if scale_by_std else v - mean)
+    return out
+
+
+class _Upstream:
+    """What the student's q1 and q2 functions give on q3's cases, called like any student function
+    (through ``call``), so that q3 is graded on `gigpo_advantages` alone."""
+
+    QUESTION = {"discounted_returns": "q1", "anchor_groups": "q2"}
+
+    def __init__(self, ns: dict):
+        self.ns, self.notes = ns, {}
+
+    def _run(self, name: str, *args):
+        fn = self.ns.get(name)
+        if not callable(fn):
+            self.notes[name] = "is not defined (a cell that fails leaves it undefined)"
+            return None
+        try:
+            return call(fn, name, *args)
+        except CheckFailed as err:
+            self.notes[name] = (f"is the package's answer (flagged in {self.QUESTION[name]})"
+                                if str(err).startswith(FLAGGED) else
+                                f"does not run on q3's cases (see {self.QUESTION[name]})")
+            return None
+
+    def returns(self, case, gamma) -> list[list[float]]:
+        """The right returns, and the student's when they run and differ."""
+        rewards, episodes = list(case["rewards"]), list(case["episodes"])
+        right = _right_returns(rewards, episodes, gamma)
+        got = self._run("discounted_returns", rewards, episodes, gamma)
+        try:
+            mine = [float(x) for x in _rows(got)] if got is not None else right
+        except (TypeError, ValueError):
+            mine = right
+        if len(mine) != len(right) or _close(mine, right, 1e-9):
+            return [right]
+        self.notes.setdefault("discounted_returns", "is wrong here")
+        return [right, mine]
+
+    def step_ids(self, case) -> list[list]:
+        """The right step groups, and the student's when they run and differ."""
+        anchors, groups = list(case["anchors"]), list(case["groups"])
+        right = _right_step_ids(anchors, groups)
+        got = self._run("anchor_groups", anchors, groups)
+        try:
+            mine = _rows(got[0]) if got is not None else right
+        except (TypeError, IndexError, KeyError):
+            mine = right
+        if len(mine) != len(right) or _renumbered((mine, []))[0] == right:
+            return [right]
+        self.notes.setdefault("anchor_groups", "is wrong here")
+        return [right, mine]
+
+    def step_levels(self, case, gamma, scale_by_std) -> list[list[float]]:
+        """The step levels of every mix of right and student returns and step groups."""
+        return [_normalise_by_hand(r, ids, scale_by_std) for r in self.returns(case, gamma)
+                for ids in self.step_ids(case)]
+
+    def note(self) -> str:
+        if not self.notes:
+            self.returns(GRID, 0.9)  # q3 failed before a comparison: do q1 and q2 run?
+            self.step_ids(GRID)
+        if not self.notes:
+            return ""
+        parts = " and ".join(f"`{n}` ({self.QUESTION[n]}) {why}" for n, why in self.notes.items())
+        them = "them" if len(self.notes) > 1 else "it"
+        if any(not why.startswith("is wrong") for why in self.notes.values()):
+            return (f" (Your {parts}: q3 uses {them}, so a function that does not run costs q3 "
+                    "too.)")
+        gives = "they give" if len(self.notes) > 1 else "it gives"
+        return (f" (Your {parts}: q3 accepts the step level that {gives} as well as the right "
+                "one, so this difference is in `gigpo_advantages` itself.)")
+
+
+_UNWRITTEN = ("is not defined", "returned None", "is not implemented yet")
+
+
+def _graded_alone(body):
+    """A q3 check ``body(fn, up, *params)``, given the student's q1 and q2 as ``up``; a failure
+    says how they stand."""
+    def run(fn, *params, ns):
+        up = _Upstream(ns)
+        try:
+            body(fn, up, *params)
+        except CheckFailed as err:
+            text = str(err)
+            if text.startswith(FLAGGED) or text.startswith(tuple(
+                    f"`gigpo_advantages` {w}" for w in _UNWRITTEN)):
+                raise  # q3's own: it is not written yet, or it is flagged
+            raise CheckFailed(f"{text}{up.note()}") from None
+
+    run.__name__, run.__doc__ = body.__name__, body.__doc__
+    return run
+
+
+def _expected(got, right, case, gamma, omega, scale_by_std, up, tol):
+    """The levels ``got`` is compared with: ``right`` (lists), with the episode level of the
+    reference code's convention (statistics over the group's step rows) when ``got`` has it, and
+    the step level that the student's own q1 and q2 give when ``got`` has that; the combined
+    advantage follows from the two."""
+    right = [_rows(w) for w in right]
+    episode, step = right[0], right[1]
+    if not _close(got[0], episode, tol):
+        totals: dict = {}
+        for r, e in zip(case["rewards"], case["episodes"]):
+            totals[e] = totals.get(e, 0.0) + float(r)
+        rows = _normalise_by_hand([totals[e] for e in case["episodes"]], case["groups"],
+                                  scale_by_std)
+        episode = rows if _close(got[0], rows, tol) else episode
+    if not _close(got[1], step, tol):
+        step = next((s for s in up.step_levels(case, gamma, scale_by_std)
+                     if _close(got[1], s, tol)), step)
+    if (episode, step) == (right[0], right[1]):
+        return right
+    return [episode, step, [a + omega * b for a, b in zip(episode, step)]]
 
 
 def _advantages(fn, case, gamma, omega, scale_by_std, what):
@@ -265,7 +461,8 @@ def _norm(scale_by_std: bool) -> str:
 
 
 @check("gigpo_advantages", ADVANTAGES)
-def episode_level(fn, scale_by_std: bool):
+@_graded_alone
+def episode_level(fn, up, scale_by_std: bool):
     """A^E per episode (eq. gigpo-episode) on the grid and on two episode groups."""
     for case, gamma, omega, want, name in (
             (GRID, 0.9, 1.0, GRID_EPISODE_STD if scale_by_std else GRID_EPISODE,
@@ -284,12 +481,15 @@ def episode_level(fn, scale_by_std: bool):
 
 
 @check("gigpo_advantages", ADVANTAGES)
-def step_level(fn, scale_by_std: bool):
+@_graded_alone
+def step_level(fn, up, scale_by_std: bool):
     """A^S within each anchor's step group (eq. gigpo-step), the chapter's grid."""
     what = f"the chapter's grid, gamma 0.9, omega 1, {_norm(scale_by_std)}"
-    _, a_s, _ = _advantages(fn, GRID, 0.9, 1.0, scale_by_std, what)
+    got = _advantages(fn, GRID, 0.9, 1.0, scale_by_std, what)
     want = GRID_STEP_STD if scale_by_std else GRID_STEP
-    if not _close(a_s, want):
+    a_s = got[1]
+    mine = _expected(got, (got[0], want, got[2]), GRID, 0.9, 1.0, scale_by_std, up, TOL)[1]
+    if not _close(a_s, mine):
         fail(f"`gigpo_advantages` is wrong for {what}: its step level is ({_fmt(a_s)}), by hand "
              f"({_fmt(want)}); each step's discounted return is compared with the mean over "
              f"its anchor's step group, and the detour 'left' of episode 3 (row 5) must get "
@@ -297,10 +497,11 @@ def step_level(fn, scale_by_std: bool):
 
 
 @check("gigpo_advantages", ADVANTAGES)
-def two_episode_groups(fn):
+@_graded_alone
+def two_episode_groups(fn, up):
     what = "two episode groups that both see 'S', gamma 0.5, omega 0.5, F_norm = 1"
     got = _advantages(fn, TWO, 0.5, 0.5, False, what)
-    want = (TWO_EPISODE, TWO_STEP, TWO_COMBINED)
+    want = _expected(got, (TWO_EPISODE, TWO_STEP, TWO_COMBINED), TWO, 0.5, 0.5, False, up, TOL)
     for name, g, w in zip(("episode level", "step level", "combined advantage"), got, want):
         if not _close(g, w):
             fail(f"`gigpo_advantages` is wrong for {what}: its {name} is ({_fmt(g)}), by hand "
@@ -309,7 +510,8 @@ def two_episode_groups(fn):
 
 
 @check("gigpo_advantages", ADVANTAGES)
-def combined(fn):
+@_graded_alone
+def combined(fn, up):
     """A = A^E + omega A^S, from the function's own two levels (eq. gigpo-combined)."""
     for case, gamma, omega, name in ((GRID, 0.9, 1.0, "the chapter's grid"),
                                      (GRID, 0.9, 0.0, "the chapter's grid"),
@@ -325,7 +527,8 @@ def combined(fn):
 
 
 @check("gigpo_advantages", ADVANTAGES)
-def nothing_recurs_is_grpo(fn):
+@_graded_alone
+def nothing_recurs_is_grpo(fn, up):
     fresh = dict(GRID, anchors=[f"turn {k}: {s}" for k, s in enumerate(GRID["anchors"])])
     what = "the grid with a turn counter in every observation (no state recurs), omega 1"
     a_e, a_s, a = _advantages(fn, fresh, 0.9, 1.0, False, what)
@@ -336,7 +539,8 @@ def nothing_recurs_is_grpo(fn):
 
 
 @check("gigpo_advantages", ADVANTAGES)
-def many_batches(fn, scale_by_std: bool):
+@_graded_alone
+def many_batches(fn, up, scale_by_std: bool):
     """Seeded random batches of three episode groups, against the package (per-episode A^E)."""
     for seed in range(3):
         batch = _random_batch(seed)
@@ -346,8 +550,8 @@ def many_batches(fn, scale_by_std: bool):
         want = REFS("gigpo_advantages", batch["rewards"], batch["anchors"], batch["groups"],
                     batch["episodes"], gamma=0.95, omega=0.7, scale_by_std=scale_by_std,
                     cross_steps=False)
+        want = _expected(got, want, batch, 0.95, 0.7, scale_by_std, up, 1e-6)
         for name, g, w in zip(("episode level", "step level", "combined advantage"), got, want):
-            w = w.tolist()
             if not _close(g, w, 1e-6):
                 j = _first_difference(g, w)
                 fail(f"`gigpo_advantages` is wrong for {what}: its {name} at row {j} (episode "
