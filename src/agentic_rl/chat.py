@@ -38,13 +38,14 @@ word-level models. The agent loop itself never asks which one it has.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from .rollout import Batch, batch_from_ids, chat_prompt
+from .rollout import Batch, batch_from_ids
 
 __all__ = [
     "TurnFormat",
@@ -54,6 +55,7 @@ __all__ = [
     "chat_segments_batch",
     "assistant_mask_from_markers",
     "retokenization_drift",
+    "template_problem",
 ]
 
 #: What a user turn that carries the tool's answer starts with, when the template has no tool role.
@@ -62,16 +64,86 @@ TOOL_PREFIX = "Output of the tool:\n"
 ZERO_WIDTH_SPACE = "\u200b"
 #: message content that no template alters (a word between two invisible separators)
 _SENTINEL = "\u2063SENTINEL\u2063"
+#: The closed exchange each observation is rendered after (:meth:`ChatFormat.observation_ids`).
+_FIRST_EXCHANGE = (
+    {"role": "user", "content": _SENTINEL},
+    {"role": "assistant", "content": _SENTINEL},
+)
 
 
 class ChatTemplateError(ValueError):
     """The tokenizer's chat template cannot serve a multi-turn agent (the message says why)."""
 
 
-def _render(tokenizer, messages, *, generation_prompt: bool) -> str:
+def _render(tokenizer, messages, *, generation_prompt: bool, kwargs=()) -> str:
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=generation_prompt
+        messages, tokenize=False, add_generation_prompt=generation_prompt, **dict(kwargs)
     )
+
+
+#: A conversation whose contents a rewriting template would change (newlines, quotes, spaces at
+#: both ends, a JSON-looking line): :func:`template_problem` renders it turn by turn.
+PROBE = (
+    ("user", 'What is 6 * 7?\n  "Use the tool."  '),
+    ("assistant", "```python\nprint(6 * 7)\n```"),
+    ("tool", '  42\n{"note": "it\'s \\"quoted\\""}\n'),
+    ("assistant", "42"),
+)
+
+
+def template_problem(tokenizer, **template_kwargs) -> str | None:
+    """Why the tokenizer's chat template cannot serve token-in/token-out training, or None.
+
+    The one property the rollout needs (TRL checks it too) is **prefix preservation**: the text
+    of a conversation must be a prefix of the text of any conversation that extends it, so that
+    the ids the trainer appended turn by turn are the ids the template would give the whole.
+    Checked on :data:`PROBE`, one turn added at a time (with the generation prompt before each
+    assistant turn). A template that raises on such a conversation (one that demands strict
+    user/assistant alternation, say) is a problem too. ``template_kwargs`` go to
+    ``apply_chat_template`` (``enable_thinking=False`` for Qwen3)."""
+    role = "tool" if "tool" in (tokenizer.chat_template or "") else "user"
+    messages = [{"role": role if r == "tool" else r, "content": c} for r, c in PROBE]
+    kw = tuple(template_kwargs.items())
+    try:
+        texts = [
+            _render(tokenizer, messages[:k], generation_prompt=False, kwargs=kw)
+            for k in range(1, len(messages) + 1)
+        ]
+        opened = [
+            _render(tokenizer, messages[:k], generation_prompt=True, kwargs=kw)
+            for k in range(1, len(messages))
+            if messages[k]["role"] == "assistant"
+        ]
+    except Exception as err:  # jinja2's errors, and the templates' own raise_exception
+        return (
+            f"the template refuses a user, assistant, {role}, assistant conversation "
+            f"({type(err).__name__}: {err}): it cannot carry a tool's turns as plain messages; "
+            "use a template whose tool (or user) turn needs no call id and whose turns may follow "
+            "one another in that order"
+        )
+    pairs = list(zip(texts, texts[1:]))
+    pairs += [(o, texts[k]) for o, k in zip(opened, (k for k in range(1, len(messages))
+                                                        if messages[k]["role"] == "assistant"))]
+    for before, after in pairs:
+        if not after.startswith(before):
+            i = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), len(after))
+            what = (
+                f"the template rewrites earlier turns when a turn is added (not prefix-"
+                f"preserving): at character {i}, {before[i:i + 40]!r} becomes {after[i:i + 40]!r}"
+            )
+            if "<think>" in before + after or "enable_thinking" in tokenizer.chat_template:
+                off = template_kwargs.get("enable_thinking") is False
+                return what + (
+                    "; it renders the assistant's <think> block only on some turns (the last "
+                    "one, or those after the last user message), so an earlier turn changes once "
+                    "a tool's turn follows. "
+                    + ("" if off else "Try enable_thinking=False (ChatFormat.from_tokenizer(tok, "
+                       "enable_thinking=False)); if that is not enough, ")
+                    + "use a training template that renders every turn the same way (TRL ships "
+                    "one per model family, e.g. trl/chat_templates/qwen3_training.jinja)"
+                )
+            return what + "; use a template that renders each turn the same whatever follows"
+    return None
 
 
 @runtime_checkable
@@ -145,7 +217,9 @@ class ChatFormat:
       then starts with :data:`TOOL_PREFIX`);
     - ``between``, ``after``: the template's text around a tool turn's content, from the end of
       the assistant's turn to the content, and from the content to the next assistant header
-      included (the sentinel's two sides).
+      included (the sentinel's two sides). Shown, not used to encode: a template may render the
+      content itself differently (``| tojson``, ``| trim``), so each observation is rendered by the
+      template, as its own message (:meth:`observation_ids`).
     """
 
     tokenizer: object
@@ -154,11 +228,20 @@ class ChatFormat:
     tool_role: str
     between: str
     after: str
+    #: the text of a closed first exchange, through the assistant's end-of-turn marker: each
+    #: observation is rendered after it (:meth:`observation_ids`)
+    history: str = ""
+    #: keyword arguments for ``apply_chat_template`` (``enable_thinking=False``), as pairs
+    template_kwargs: tuple = ()
 
     @classmethod
-    def from_tokenizer(cls, tokenizer) -> "ChatFormat":
+    def from_tokenizer(cls, tokenizer, **template_kwargs) -> "ChatFormat":
         """Read the markers off ``tokenizer.chat_template``; refuse a template or tokenizer that
-        cannot serve (no template, no assistant marker, no single end-of-turn token, no pad)."""
+        cannot serve (no template, no assistant marker, no single end-of-turn token, no pad, not
+        prefix-preserving: :func:`template_problem`), saying why and what to change.
+        ``template_kwargs`` go to every ``apply_chat_template`` (``enable_thinking=False``)."""
+        kw = tuple(template_kwargs.items())
+        render = functools.partial(_render, kwargs=kw)
         if not getattr(tokenizer, "chat_template", None):
             raise ChatTemplateError("the tokenizer has no chat template: use an instruct model")
         if tokenizer.pad_token_id is None:
@@ -166,9 +249,12 @@ class ChatFormat:
                 "the tokenizer has no pad token: set tokenizer.pad_token (e.g. to its EOS token) "
                 "before batching episodes of different lengths"
             )
+        problem = template_problem(tokenizer, **template_kwargs)
+        if problem:
+            raise ChatTemplateError(problem)
         user = [{"role": "user", "content": _SENTINEL}]
-        opened = _render(tokenizer, user, generation_prompt=True)
-        plain = _render(tokenizer, user, generation_prompt=False)
+        opened = render(tokenizer, user, generation_prompt=True)
+        plain = render(tokenizer, user, generation_prompt=False)
         if not opened.startswith(plain) or opened == plain:
             raise ChatTemplateError(
                 "the chat template has no assistant marker: add_generation_prompt adds nothing, "
@@ -176,7 +262,7 @@ class ChatFormat:
             )
         header = opened[len(plain) :]
         reply = user + [{"role": "assistant", "content": _SENTINEL}]
-        closed = _render(tokenizer, reply, generation_prompt=False)
+        closed = render(tokenizer, reply, generation_prompt=False)
         start = plain + header + _SENTINEL
         if not closed.startswith(start):
             why = "the template renders an assistant turn differently once it is closed"
@@ -194,7 +280,7 @@ class ChatFormat:
         eot_text = tokenizer.decode([end_of_turn])
         tool_role = "tool" if "tool" in tokenizer.chat_template else "user"
         answered = reply + [{"role": tool_role, "content": _SENTINEL}]
-        full = _render(tokenizer, answered, generation_prompt=True)
+        full = render(tokenizer, answered, generation_prompt=True)
         prefix = closed[: len(closed) - len(tail)] + eot_text
         if not full.startswith(prefix) or full.count(_SENTINEL) != 3:
             raise ChatTemplateError("the template rewrites earlier turns when a turn is added")
@@ -203,7 +289,7 @@ class ChatFormat:
             why = "the template does not reopen the assistant's turn after the tool's"
             raise ChatTemplateError(why)
         ids = tokenizer(header, add_special_tokens=False)["input_ids"]
-        return cls(tokenizer, tuple(ids), end_of_turn, tool_role, between, after)
+        return cls(tokenizer, tuple(ids), end_of_turn, tool_role, between, after, prefix, kw)
 
     # ------------------------------------------------------------------ the rollout's turns
     @property
@@ -234,7 +320,8 @@ class ChatFormat:
         """The conversation's opening as the model sees it: the template's system turn (its
         default), the user's message (its marker strings escaped), and the assistant's header,
         opened for the policy."""
-        text = chat_prompt(self.tokenizer, self.escape_markers(user_text))
+        user = [{"role": "user", "content": self.escape_markers(user_text)}]
+        text = _render(self.tokenizer, user, generation_prompt=True, kwargs=self.template_kwargs)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def escape_markers(self, text: str) -> str:
@@ -260,12 +347,26 @@ class ChatFormat:
         return observation if self.tool_role == "tool" else TOOL_PREFIX + observation
 
     def observation_ids(self, observation: str, *, closed: bool = True) -> list[int]:
-        """What is appended after the policy's turn: the template's text up to the tool turn's
-        content, the tool's text, and the template's text up to the next assistant header included,
-        encoded as one piece. ``closed=False`` (the policy's turn was cut before its end-of-turn
-        token) puts that token first: the template's, not the policy's."""
-        text = self.between + self.tool_text(observation) + self.after
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        """What is appended after the policy's turn: the tool's message as the template renders
+        it after a closed turn, through the next assistant header, encoded as one piece (as
+        verl's agent loop renders each tool message). The template is asked, not copied: one that
+        renders tool content with ``| tojson`` or ``| trim`` gets its own rendering. Where it
+        inserts content verbatim (ChatML), this is ``between + tool text + after``.
+        ``closed=False`` (the policy's turn was cut before its end-of-turn token) puts that token
+        first: the template's, not the policy's."""
+        message = {"role": self.tool_role, "content": self.tool_text(observation)}
+        full = _render(
+            self.tokenizer,
+            [*_FIRST_EXCHANGE, message],
+            generation_prompt=True,
+            kwargs=self.template_kwargs,
+        )
+        if not full.startswith(self.history):
+            raise ChatTemplateError(
+                "the template rewrites the earlier turns when this observation is added: "
+                f"{observation[:60]!r}"
+            )
+        ids = self.tokenizer(full[len(self.history) :], add_special_tokens=False)["input_ids"]
         return ids if closed else [self.end_of_turn, *ids]
 
     def conversation(self, segments: Sequence[tuple[str, bool]]) -> tuple[list[int], list[int]]:

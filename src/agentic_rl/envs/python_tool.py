@@ -45,6 +45,33 @@ runs in the sandbox, concurrently across the episodes stepped together (``step_b
 more non-space text: the model goes on after its code instead of waiting for the tool, typically by
 writing the output itself (such a turn is also malformed). With the tool off, a model that writes
 the number it did not get is not told apart from one that answers.
+
+**Structured calls** (``call_format="json"``; the default ``"fence"`` is all of the above). The
+calls are Hermes-style JSON (:mod:`agentic_rl.toolcalls`), the tools ``python`` and ``calculator``
+(:mod:`agentic_rl.envs.tool_json`), listed in the prompt as Qwen2.5's template lists tools:
+
+* a turn with no ``<tool_call>``/``</tool_call>`` tag is an answer or a format failure, as above
+  (a fenced block too is a format failure here);
+* otherwise its items, in order: each well-formed call runs (``python`` in the sandbox, as the
+  fenced block does; ``calculator`` here) and counts against ``max_tool_calls``; each malformed
+  one (truncated, nested, not JSON, an unknown tool, bad arguments, stray text, ...) is not run
+  and its one-line message stands in its place. The observation is one ``<tool_response>`` block
+  per item, in the turn's order. If the turn's well-formed calls would pass the tool budget, none
+  runs: reward ``-1``, the episode ends (the fence format's rule; its malformed calls are still
+  counted). Otherwise reward ``0`` and **the episode goes on**, ``info["format_ok"]`` False if any
+  call was malformed (the rollout counts the episode as a format failure) and
+  ``info["malformed_calls"]`` their kinds. A malformed call thus costs a turn and is counted, but
+  is never dropped, nor ends the episode: the model reads why, as production frameworks return a
+  parse error as the tool's message, and the reward stays ReTool's outcome reward.
+
+**Counters.** Per episode, attributes as ``hallucinated`` is (the ReTool trainer's ``play``
+copies ``calls``, ``tool_errors``, ``answered`` and ``hallucinated`` into the batch): ``calls``
+(well-formed calls made), ``tool_calls`` (a Counter of those per tool), ``tool_errors`` (runs that
+failed: an error, the deadline, a refusal, the flaky tool), ``malformed_calls`` (a Counter per
+error kind, over-budget turns included; JSON format only) and ``limits_hit`` (``timeout``: a run
+killed at the deadline; ``output``: output cut by the sandbox or to ``max_output_chars``).
+``hallucinated`` in the JSON format: a ``<tool_response>`` written by the model, or text after its
+last call.
 """
 
 from __future__ import annotations
@@ -52,9 +79,13 @@ from __future__ import annotations
 import ast
 import random
 import re
+from collections import Counter
+from collections.abc import Sequence
 
 from .. import sandbox
+from ..toolcalls import parse_tool_calls, render_tool_result
 from .multiply import MultiplyEnv, miscopy, run_each
+from .tool_json import TOOLS, demo_call, hallucinates, json_prompt, step_json
 
 #: The user's message; the chapter prints it.
 PROMPT = (
@@ -69,6 +100,7 @@ NUMBER = re.compile(r"-?[0-9]+")
 #: A complete fenced block (any label) and what follows it.
 _BLOCK_THEN = re.compile(r"```[^\n]*\n.*?```(.*)", re.DOTALL)
 ERROR = "Error"
+CALL_FORMATS = ("fence", "json")
 
 
 def with_print(code: str) -> str:
@@ -127,18 +159,28 @@ class PythonToolEnv(MultiplyEnv):
         digits, and the keyword ``options`` (max_tool_calls, tool_enabled, tool_error_rate,
             timeout_s, memory_mb, pool): as in :class:`~agentic_rl.envs.multiply.MultiplyEnv`.
         max_output_chars: program output longer than this is cut and marked ``...``.
+        call_format: ``"fence"`` (one fenced code block) or ``"json"`` (Hermes-style calls of
+            ``python`` and ``calculator``; see the module docstring).
     """
 
     name = "python-tool"
     chat = True  # prompts and turns are chat messages, to be wrapped in the model's template
 
     def __init__(
-        self, digits: tuple[int, int] = (3, 2), *, max_output_chars: int = 32, **options
+        self,
+        digits: tuple[int, int] = (3, 2),
+        *,
+        max_output_chars: int = 32,
+        call_format: str = "fence",
+        **options,
     ):
         if not isinstance(max_output_chars, int) or max_output_chars < 1:
             raise ValueError(f"max_output_chars must be an int >= 1, got {max_output_chars!r}")
+        if call_format not in CALL_FORMATS:
+            raise ValueError(f"call_format must be one of {CALL_FORMATS}, got {call_format!r}")
         super().__init__(digits, **options)  # MultiplyEnv's checks and fields
         self.max_output_chars = max_output_chars
+        self.call_format = call_format
 
     def vocabulary(self) -> list[str]:
         raise NotImplementedError(
@@ -149,26 +191,43 @@ class PythonToolEnv(MultiplyEnv):
     def reset(self, seed: int) -> str:
         super().reset(seed)
         self.answer = str(self.a * self.b)
+        self.malformed_calls, self.limits_hit, self._by_tool = Counter(), Counter(), Counter()
         return self.prompt
 
     @property
     def prompt(self) -> str:
+        if self.call_format == "json":
+            return json_prompt(self.a, self.b)
         return PROMPT.format(a=self.a, b=self.b)
+
+    @property
+    def tool_calls(self) -> Counter:
+        """This episode's well-formed calls per tool (a fenced block is a ``python`` call)."""
+        if self.call_format == "json":
+            return Counter(self._by_tool)
+        return Counter({"python": self.calls} if self.calls else {})
 
     # ------------------------------------------------------------------ the step's parts
     def _parse(self, text: str):
-        """``("code", code)``, ``("answer", digits)`` or ``("malformed", None)``."""
+        """``("code", code)``, ``("answer", digits)`` or ``("malformed", None)``; in the JSON
+        format, a turn with a tag is ``("calls", ParsedTurn)`` and a fenced block is malformed."""
         if not isinstance(text, str):
             return "malformed", None
+        if self.call_format == "json":
+            turn = parse_tool_calls(text, TOOLS)
+            if turn.has_calls:
+                return "calls", turn
         text = text.strip()
         if NUMBER.fullmatch(text):
             return "answer", text
         call = TOOL_CALL.fullmatch(text)
-        if call and FENCE not in call.group(1):
+        if call and FENCE not in call.group(1) and self.call_format == "fence":
             return "code", call.group(1)
         return "malformed", None
 
     def _hallucinates(self, text: str) -> bool:
+        if self.call_format == "json":
+            return hallucinates(text)
         after = _BLOCK_THEN.search(text) if isinstance(text, str) else None
         return bool(after and after.group(1).strip())
 
@@ -182,12 +241,29 @@ class PythonToolEnv(MultiplyEnv):
         return run_each(self, programs)  # every call: the same code may print different things
 
     def _render(self, result: sandbox.Result) -> str:
+        long = result.ok and len(result.stdout.strip()) > self.max_output_chars
+        for limit, hit in (("timeout", result.timed_out), ("output", result.truncated or long)):
+            if hit:  # the sandbox's limits and the env's cut, counted
+                self.limits_hit[limit] += 1
         if result.ok:
             return cut(result.stdout.strip(), self.max_output_chars)
         return error_name(result)
 
     def _error_text(self) -> str:
         return ERROR
+
+    @staticmethod
+    def step_batch(envs: Sequence["PythonToolEnv"], texts: Sequence[str]) -> list[tuple]:
+        """Step many episodes at once, each in its call format (:meth:`MultiplyEnv.step_batch`
+        for fenced blocks, :func:`~agentic_rl.envs.tool_json.step_json` for JSON calls)."""
+        results: list[tuple | None] = [None] * len(envs)
+        for fmt, step in (("fence", MultiplyEnv.step_batch), ("json", step_json)):
+            rows = [k for k, env in enumerate(envs) if env.call_format == fmt]
+            if rows:
+                done = step([envs[k] for k in rows], [texts[k] for k in rows])
+                for k, result in zip(rows, done):
+                    results[k] = result
+        return results
 
     # ------------------------------------------------------------------ demonstrations
     def demonstration(
@@ -209,6 +285,10 @@ class PythonToolEnv(MultiplyEnv):
         ``SyntaxError``, then the correct one. The tool's messages are not trainable. The
         teacher's program multiplies integers it chose, so its output is computed here, cut as
         the env cuts it (no model-written code runs outside the sandbox).
+
+        In the JSON format the same conversation with JSON calls and ``<tool_response>`` blocks:
+        the tool is ``python`` for an even ``seed``, ``calculator`` for an odd one (whose retry
+        ``a*b*`` gets ``SyntaxError`` as well); the same draws from ``rng``.
         """
         self.reset(seed)
         messages = [(self.prompt, False)]
@@ -217,11 +297,21 @@ class PythonToolEnv(MultiplyEnv):
             if rng.random() < error_rate:
                 a = miscopy(a, rng)
             product = str(int(a) * int(b))
+            name = "python" if seed % 2 == 0 else "calculator"
+
+            def call(tail=""):
+                if self.call_format == "json":
+                    return demo_call(name, a, b, tail)
+                return f"```python\nprint({a}*{b}{tail})\n```"
+
+            def answer(output):
+                return render_tool_result(name, output) if self.call_format == "json" else output
+
             if retry_rate > 0 and self.max_tool_calls >= 2 and rng.random() < retry_rate:
-                messages += [(f"```python\nprint({a}*{b}*)\n```", True), ("SyntaxError", False)]
+                messages += [(call("*"), True), (answer("SyntaxError"), False)]
             messages += [
-                (f"```python\nprint({a}*{b})\n```", True),
-                (cut(product, self.max_output_chars), False),
+                (call(), True),
+                (answer(cut(product, self.max_output_chars)), False),
                 (product, True),
             ]
         else:
