@@ -176,9 +176,10 @@ def test_a_notebook_that_exits_loops_or_prints_costs_only_itself(package, cell, 
 
 @needs_jail
 def test_forks_and_big_files_stay_inside_their_limits(package):
+    # (short-lived: nobody's process count is shared with any other jail running meanwhile)
     cells = ["import os\nSTARTED = 0\n"
-             "try:\n    for _ in range(5000):\n        if os.fork() == 0:\n"
-             "            import time\n            time.sleep(30)\n            os._exit(0)\n"
+             "try:\n    for _ in range(2000):\n        if os.fork() == 0:\n"
+             "            import time\n            time.sleep(2)\n            os._exit(0)\n"
              "        STARTED += 1\nexcept OSError:\n    pass\n",
              "try:\n    with open('big', 'wb') as f:\n        for _ in range(400):\n"
              "            f.write(b'x' * (1 << 20))\n    DISK = 'wrote 400 MiB'\n"
@@ -188,7 +189,7 @@ def test_forks_and_big_files_stay_inside_their_limits(package):
         started, disk = sub.function("report")()
     assert disk != "wrote 400 MiB"
     if jail.launcher().nobody:  # as nobody, RLIMIT_NPROC holds
-        assert started < 5000
+        assert started < 2000
 
 
 def test_a_malformed_notebook_is_a_row_with_its_reason(tmp_path):
