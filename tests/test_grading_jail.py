@@ -15,6 +15,7 @@ import random
 import sys
 import zipfile
 
+import numpy as np
 import pytest
 import torch
 
@@ -25,6 +26,7 @@ import grade  # noqa: E402
 import remote  # noqa: E402
 import standins  # noqa: E402
 import wire  # noqa: E402
+
 from agentic_rl import jail  # noqa: E402
 
 needs_jail = pytest.mark.skipif(jail.launcher().kind != "bubblewrap",
@@ -54,11 +56,14 @@ def _run(cells, package, release=None, timeout_s=60):
 def test_values_cross_as_data_and_come_back_unchanged():
     values = [None, True, 3, 2 ** 60, -0.5, float("inf"), "é", (1, [2, {3: "x"}]), {1, 2},
               torch.arange(6, dtype=torch.float64).reshape(2, 3), torch.tensor([True, False]),
-              torch.zeros(0, 4), torch.tensor([1.5], dtype=torch.bfloat16), random.Random(3)]
+              torch.zeros(0, 4), torch.tensor([1.5], dtype=torch.bfloat16), random.Random(3),
+              np.arange(4, dtype=np.int64).reshape(2, 2), np.float32(0.25), np.int64(7)]
     for value in values:
         back = wire.decode(json.loads(json.dumps(wire.encode(value))))
         if isinstance(value, torch.Tensor):
             assert torch.equal(back, value) and back.dtype == value.dtype
+        elif isinstance(value, np.ndarray):
+            assert np.array_equal(back, value) and back.dtype == value.dtype
         elif isinstance(value, random.Random):
             assert back.getstate() == value.getstate()
         else:

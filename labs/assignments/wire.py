@@ -2,9 +2,10 @@
 
 The grader sends the checker's inputs and the submission sends back what its functions returned.
 What comes back is untrusted: decoding builds only plain values (numbers, strings, lists, tuples,
-dicts, sets), tensors from their bytes, named tuples, and the states of ``random.Random`` and
-``torch.Generator``; it never imports a module or calls a class the message names. Anything else a
-student's function returns arrives as its ``repr`` (a :class:`Opaque`), which no check accepts.
+dicts, sets), tensors and numpy arrays and scalars from their bytes and a dtype of a fixed list,
+named tuples, and the states of ``random.Random`` and ``torch.Generator``; it never imports a
+module or calls a class the message names. Anything else a student's function returns arrives as
+its ``repr`` (a :class:`Opaque`), which no check accepts.
 
 Standard library and torch only: this module is also imported inside the jail.
 """
@@ -57,6 +58,15 @@ def encode(value, _depth: int = 0):
             raw = t.numpy().tobytes() if t.numel() else b""
         return {"tensor": base64.b64encode(raw).decode(), "dtype": dtype,
                 "shape": list(t.shape), "grad": bool(value.requires_grad)}
+    if type(value).__module__ == "numpy":  # numpy arrays and scalars keep their type
+        import numpy as np
+
+        if isinstance(value, np.ndarray) and value.dtype.name in _DTYPES:
+            raw = np.ascontiguousarray(value).tobytes()
+            return {"ndarray": base64.b64encode(raw).decode(), "dtype": value.dtype.name,
+                    "shape": list(value.shape)}
+        if isinstance(value, np.generic) and value.dtype.name in _DTYPES:
+            return {"npscalar": value.dtype.name, "value": encode(value.item(), _depth + 1)}
     if isinstance(value, torch.Generator):
         return {"generator": encode(value.get_state())}
     if isinstance(value, random.Random):
@@ -105,6 +115,16 @@ def decode(obj, requires_grad: bool = True, _depth: int = 0):
             if requires_grad and obj.get("grad") and t.is_floating_point():
                 t.requires_grad_()
             return t
+        if "ndarray" in obj or "npscalar" in obj:
+            import numpy as np
+
+            dtype = obj.get("dtype", obj.get("npscalar"))
+            if dtype not in _DTYPES or dtype == "bfloat16":
+                raise WireError(f"a numpy value of unknown dtype {dtype!r}")
+            if "npscalar" in obj:
+                return np.dtype(dtype).type(decode(obj["value"], False, down))
+            raw = base64.b64decode(obj["ndarray"])
+            return np.frombuffer(raw, dtype=dtype).reshape([int(n) for n in obj["shape"]]).copy()
         if "int" in obj:
             return int(obj["int"])
         if "float" in obj:
