@@ -98,7 +98,7 @@ def test_a_notebook_sees_only_its_release_and_a_scratch_folder(package, secrets,
         assert sub.function("listing")(".") == ["toy_length.py"]
         assert sub.function("write")("notes.txt") is True
         with pytest.raises(OSError):  # read-only everywhere else, the package included
-            sub.function("write")(str(standins._package_root() / "x.py"))
+            sub.function("write")(str(standins.package_root() / "x.py"))
         assert sub.function("connect")() != "reached"
         assert sub.function("who")() == (65534 if jail.launcher().nobody else sub.function(
             "who")())

@@ -12,6 +12,7 @@ import sys
 import types
 
 import pytest
+from test_course_kit import _list_tables
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SLIDES = ROOT / "book" / "slides"
@@ -39,15 +40,7 @@ def _week_plan() -> list[tuple[int, str]]:
     text = SYLLABUS.read_text()
     start = text.index("\n## The twelve-week plan\n")
     section = text[start:text.find("\n## ", start + 1)]
-    body = re.search(r"```\{list-table\}\n(.*?)\n```", section, re.DOTALL).group(1)
-    rows: list[list[str]] = []
-    for line in body.splitlines():
-        if line.startswith("* - "):
-            rows.append([line[4:].strip()])
-        elif line.startswith("  - ") and rows:
-            rows[-1].append(line[4:].strip())
-        elif line.startswith("    ") and rows:
-            rows[-1][-1] += " " + line.strip()
+    rows = _list_tables(section)[0]
     assert rows[0][:2] == ["week", "chapter and reading"], rows[0]
     return [(int(r[0]), r[1]) for r in rows[1:]]
 

@@ -56,9 +56,8 @@ def assignment_of(notebook: pathlib.Path) -> str:
     name = meta.get("otter", {}).get("assignment_name")
     if name in release.ASSIGNMENTS:
         return name
-    for a in sorted(release.ASSIGNMENTS, key=len, reverse=True):
-        if notebook.name.startswith(a):
-            return a
+    if assignment_of_name(notebook):
+        return assignment_of_name(notebook)
     raise release.ReleaseError(f"{notebook}: cannot tell which assignment it is (no otter "
                                "metadata and no assignment name in the file name)")
 

@@ -18,7 +18,8 @@ rubrics). ``otter assign`` turns it into
   helper files it needs. This folder is what students get; it is checked to contain no line of
   any solution and no hidden test (the build fails otherwise).
 - ``<out>/autograder/<a>-autograder.zip``: every test, with the hidden checks and the expected
-  values they carry; ``grade.py`` grades submissions with it (``otter run``, no Docker).
+  values they carry; ``grade.py`` grades submissions with its tests and checks (each notebook in
+  its own jail, the checks in the grader's process).
 
 **Colab.** otter-grader 7.0.0 refuses tests kept in the notebook's metadata on Colab
 (``otter.Notebook`` raises "Tests directory ./tests does not exist") and downloads tests from

@@ -26,6 +26,7 @@ from __future__ import annotations
 import builtins
 import os
 import pathlib
+import random
 import select
 import signal
 import subprocess
@@ -33,6 +34,7 @@ import sys
 import tempfile
 import time
 
+import torch
 import wire
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -192,8 +194,6 @@ class Submission:
         return RemoteFunction(self, name) if name in self.callables else None
 
     def call(self, name: str, args: tuple, kwargs: dict):
-        import torch
-
         self._calls += 1
         ident = self._calls
         self._send({"call": name, "id": ident, "args": [wire.encode(a) for a in args],
@@ -267,15 +267,11 @@ class RemoteFunction:
 def _installed_package() -> str:
     import standins
 
-    return str(standins._package_root())
+    return str(standins.package_root())
 
 
 def _copy_back(target, value) -> None:
     """Make ``target`` (an argument) what the student's function left it as."""
-    import random
-
-    import torch
-
     if isinstance(target, torch.Tensor) and isinstance(value, torch.Tensor):
         if value.shape == target.shape and not torch.equal(value.to(target.dtype), target):
             with torch.no_grad():
@@ -296,8 +292,6 @@ def _copy_back(target, value) -> None:
 
 def _attach(submission, ident, leaves, result, encoded):
     """``result`` with its differentiable tensors joined to ``leaves`` through the submission."""
-    import torch
-
     top = list(result) if isinstance(result, (tuple, list)) else [result]
     forms = encoded.get("tuple") or encoded.get("list") if isinstance(encoded, dict) else None
     forms = forms if isinstance(forms, list) and len(forms) == len(top) else [encoded]
@@ -318,38 +312,21 @@ def _attach(submission, ident, leaves, result, encoded):
     return top[0]
 
 
-def _remote_function():
-    import torch
+class _Remote(torch.autograd.Function):
+    """Outputs computed in the submission; their backward asks it for the leaves' gradients."""
 
-    class Remote(torch.autograd.Function):
-        """Outputs computed in the submission; their backward asks it for the gradients."""
+    @staticmethod
+    def forward(ctx, submission, ident, n_leaves, *tensors):
+        ctx.submission, ctx.ident = submission, ident
+        ctx.leaf_shapes = [(t.shape, t.dtype) for t in tensors[:n_leaves]]
+        return tuple(t.clone() for t in tensors[n_leaves:])
 
-        @staticmethod
-        def forward(ctx, submission, ident, n_leaves, *tensors):
-            ctx.submission, ctx.ident, ctx.n_leaves = submission, ident, n_leaves
-            ctx.leaf_shapes = [(t.shape, t.dtype) for t in tensors[:n_leaves]]
-            return tuple(t.clone() for t in tensors[n_leaves:])
-
-        @staticmethod
-        def backward(ctx, *upstream):
-            grads = ctx.submission.gradients(ctx.ident, list(upstream))
-            out = []
-            for (shape, dtype), g in zip(ctx.leaf_shapes, grads):
-                if g is not None and (tuple(g.shape) != tuple(shape)):
-                    raise GradingError("the notebook's gradient has the wrong shape")
-                out.append(None if g is None else g.to(dtype))
-            return (None, None, None, *out, *[None] * (len(upstream)))
-
-    return Remote
-
-
-class _LazyRemote:
-    _cls = None
-
-    def apply(self, *args):
-        if _LazyRemote._cls is None:
-            _LazyRemote._cls = _remote_function()
-        return _LazyRemote._cls.apply(*args)
-
-
-_Remote = _LazyRemote()
+    @staticmethod
+    def backward(ctx, *upstream):
+        grads = ctx.submission.gradients(ctx.ident, list(upstream))
+        out = []
+        for (shape, dtype), g in zip(ctx.leaf_shapes, grads):
+            if g is not None and tuple(g.shape) != tuple(shape):
+                raise GradingError("the notebook's gradient has the wrong shape")
+            out.append(None if g is None else g.to(dtype))
+        return (None, None, None, *out, *[None] * len(upstream))

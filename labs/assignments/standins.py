@@ -41,7 +41,7 @@ def answers(assignment: str) -> tuple[str, ...]:
     return similarity.assignment_answers(assignment)
 
 
-def _package_root() -> pathlib.Path:
+def package_root() -> pathlib.Path:
     spec = importlib.util.find_spec("agentic_rl")
     if spec is None or spec.origin is None:
         raise RuntimeError("agentic_rl is not installed: grading needs the package")
@@ -55,7 +55,7 @@ def _module_tree(path: pathlib.Path) -> ast.Module:
 
 def _module_path(module: str) -> pathlib.Path:
     parts = module.split(".")[1:]
-    return _package_root().joinpath(*parts).with_suffix(".py")
+    return package_root().joinpath(*parts).with_suffix(".py")
 
 
 def _imports(tree: ast.Module, module: str) -> dict[str, str]:
@@ -143,7 +143,7 @@ def _stub(node, dotted: str) -> None:
 def graded_copy(assignment: str, target: pathlib.Path) -> pathlib.Path:
     """Write the package with the assignment's stand-ins into ``target`` (its ``agentic_rl``
     folder); returns that folder."""
-    source = _package_root()
+    source = package_root()
     folder = pathlib.Path(target) / "agentic_rl"
     shutil.rmtree(folder, ignore_errors=True)
     shutil.copytree(source, folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))

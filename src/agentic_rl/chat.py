@@ -104,16 +104,13 @@ def template_problem(tokenizer, **template_kwargs) -> str | None:
     role = "tool" if "tool" in (tokenizer.chat_template or "") else "user"
     messages = [{"role": role if r == "tool" else r, "content": c} for r, c in PROBE]
     kw = tuple(template_kwargs.items())
+    pairs = []  # (a conversation's text, the text of it with one more turn)
     try:
-        texts = [
-            _render(tokenizer, messages[:k], generation_prompt=False, kwargs=kw)
-            for k in range(1, len(messages) + 1)
-        ]
-        opened = [
-            _render(tokenizer, messages[:k], generation_prompt=True, kwargs=kw)
-            for k in range(1, len(messages))
-            if messages[k]["role"] == "assistant"
-        ]
+        for k in range(1, len(messages)):  # (with the generation prompt before the policy's turn)
+            opened = messages[k]["role"] == "assistant"
+            before = _render(tokenizer, messages[:k], generation_prompt=opened, kwargs=kw)
+            pairs.append((before, _render(tokenizer, messages[: k + 1], generation_prompt=False,
+                                          kwargs=kw)))
     except Exception as err:  # jinja2's errors, and the templates' own raise_exception
         return (
             f"the template refuses a user, assistant, {role}, assistant conversation "
@@ -121,9 +118,6 @@ def template_problem(tokenizer, **template_kwargs) -> str | None:
             "use a template whose tool (or user) turn needs no call id and whose turns may follow "
             "one another in that order"
         )
-    pairs = list(zip(texts, texts[1:]))
-    pairs += [(o, texts[k]) for o, k in zip(opened, (k for k in range(1, len(messages))
-                                                        if messages[k]["role"] == "assistant"))]
     for before, after in pairs:
         if not after.startswith(before):
             i = next((i for i, (a, b) in enumerate(zip(before, after)) if a != b), len(after))
